@@ -1,0 +1,58 @@
+"""TARGET_VERIFY support for SGLang's `torch_native` attention backend.
+
+SGLang 0.5.23's `TorchNativeAttnBackend` handles EXTEND and DECODE only: a
+TARGET_VERIFY batch carries no `extend_prefix_lens`/`extend_seq_lens`, and its
+`seq_lens` are the committed prefix lengths (backends widen them by the block
+width themselves). We install this subclass in place of the original (a
+HookRegistry class REPLACE), so `--attention-backend torch_native` can verify a
+DFLASH block: a verify block is exactly an extend of `draft_token_num` tokens
+on top of the committed prefix, with causal masking (the block is a linear
+chain). EXTEND and DECODE behave exactly as upstream.
+"""
+
+from __future__ import annotations
+
+import torch
+from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+from sglang.srt.layers.radix_attention import AttentionType
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+
+class VerifyCapableTorchNativeAttnBackend(TorchNativeAttnBackend):
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+        if not forward_batch.forward_mode.is_target_verify():
+            return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+        return self._forward_target_verify(q, k, v, layer, forward_batch, save_kv_cache)
+
+    def _forward_target_verify(self, q, k, v, layer, forward_batch, save_kv_cache):
+        if layer.is_cross_attention or layer.attn_type == AttentionType.ENCODER_ONLY:
+            raise NotImplementedError(
+                "torch_native TARGET_VERIFY supports causal decoder self-attention only"
+            )
+        width = int(forward_batch.spec_info.draft_token_num)
+        if save_kv_cache and k is not None and v is not None:
+            self.token_to_kv_pool.set_kv_buffer(
+                layer, KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc), k, v
+            )
+        prefix_lens = forward_batch.seq_lens
+        extend_lens = torch.full_like(prefix_lens, width)
+        o = q.new_empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim))
+        window = layer.sliding_window_size
+        self._run_sdpa_forward_extend(
+            q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
+            o.view(-1, layer.tp_q_head_num, layer.v_head_dim),
+            self.token_to_kv_pool.get_key_buffer(layer.layer_id),
+            self.token_to_kv_pool.get_value_buffer(layer.layer_id),
+            self.req_to_token_pool.req_to_token,
+            forward_batch.req_pool_indices,
+            prefix_lens + width,
+            prefix_lens,
+            extend_lens,
+            None,
+            scaling=layer.scaling,
+            enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num,
+            causal=True,
+            is_cross_attn=False,
+            sliding_window_size=window if window is not None and window > -1 else None,
+        )
+        return o

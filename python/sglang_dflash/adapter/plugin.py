@@ -1,0 +1,49 @@
+"""SGLang plugin entry point (`sglang.srt.plugins` group).
+
+SGLang calls `register()` with no arguments in every process it starts, then
+applies the registered hooks once. With `SGLANG_DFLASH_UPSTREAM=1` we register
+nothing, so SGLang's own DFLASH worker runs (for side-by-side comparison).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+UPSTREAM_ENV = "SGLANG_DFLASH_UPSTREAM"
+
+WORKER_TARGET = "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2"
+ARGS_TARGET = "sglang.srt.arg_groups.speculative_hook._handle_dflash"
+TORCH_NATIVE_TARGET = (
+    "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend"
+)
+
+_registered = False
+
+
+def use_upstream() -> bool:
+    return os.environ.get(UPSTREAM_ENV, "0").lower() in ("1", "true", "yes")
+
+
+def register() -> None:
+    global _registered
+    if _registered or use_upstream():
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sglang_dflash.adapter import check_sglang_version
+
+    check_sglang_version()
+
+    from sglang_dflash.adapter.attention import VerifyCapableTorchNativeAttnBackend
+    from sglang_dflash.adapter.server_args import handle_dflash
+    from sglang_dflash.adapter.worker import DFlashWorker
+
+    HookRegistry.register(WORKER_TARGET, DFlashWorker, HookType.REPLACE)
+    HookRegistry.register(ARGS_TARGET, handle_dflash, HookType.REPLACE)
+    HookRegistry.register(
+        TORCH_NATIVE_TARGET, VerifyCapableTorchNativeAttnBackend, HookType.REPLACE
+    )
+    _registered = True

@@ -1,0 +1,115 @@
+"""Our `_handle_dflash`: server-argument resolution for `--speculative-algorithm DFLASH`.
+
+Installed as a HookRegistry REPLACE of
+`sglang.srt.arg_groups.speculative_hook._handle_dflash`. Differences from
+upstream: CPU is a supported device; the drafter checkpoint is validated here,
+in the launching process, so a broken drafter fails start-up with the reason
+before any worker process is spawned; the block size defaults to the
+drafter's own `block_size`; overlap scheduling is off (our worker is
+synchronous). Every decision is written through `declare_resolution`, like
+upstream, never by plain assignment.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
+from sglang.srt.runtime_context import attn_dp_enabled_of
+
+logger = logging.getLogger(__name__)
+
+SOURCE = "sglang_dflash._handle_dflash"
+DEFAULT_MAX_RUNNING_REQUESTS = 48
+
+
+def _target_dims(cfg) -> tuple[int, int, int]:
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    target = get_config(
+        cfg.model_path,
+        trust_remote_code=cfg.trust_remote_code,
+        revision=cfg.revision,
+        model_override_args=json.loads(cfg.json_model_override_args),
+    )
+    text = getattr(target, "text_config", None) or target
+    return int(text.hidden_size), int(text.vocab_size), int(text.num_hidden_layers)
+
+
+def validate_drafter(cfg):
+    """Parse and check the drafter (config and weight headers) against the target."""
+    from sglang_dflash.checkpoint import load_drafter
+
+    hidden, vocab, layers = _target_dims(cfg)
+    # NOTE: loads the weights once in the launching process so that every check
+    # (names, shapes, finiteness) runs before workers start; cheap for the
+    # drafters we ship, a header-only check would be cheaper for large ones.
+    drafter = load_drafter(
+        cfg.speculative_draft_model_path,
+        target_hidden_size=hidden,
+        target_vocab_size=vocab,
+        target_num_layers=layers,
+    )
+    return drafter.cfg
+
+
+def _check_device_and_parallelism(cfg) -> None:
+    device = str(cfg.device)
+    if not (device == "cpu" or device.startswith("cuda")):
+        raise ValueError(
+            f"sglang-dflash DFLASH supports devices 'cuda' and 'cpu', got {device!r}; "
+            "set SGLANG_DFLASH_UPSTREAM=1 to use SGLang's own worker"
+        )
+    if attn_dp_enabled_of(cfg):
+        raise ValueError("sglang-dflash DFLASH does not support DP attention yet")
+    if cfg.pp_size != 1:
+        raise ValueError("DFLASH speculative decoding only supports pp_size == 1")
+    if cfg.tp_size != 1:
+        raise ValueError("sglang-dflash DFLASH supports tp_size == 1 only for now")
+    if cfg.speculative_draft_model_path is None:
+        raise ValueError(
+            "DFLASH speculative decoding requires --speculative-draft-model-path"
+        )
+
+
+def _resolve_block_size(server_args, cfg, drafter_block_size: int) -> int:
+    num_draft = cfg.speculative_num_draft_tokens
+    alias = cfg.speculative_dflash_block_size
+    if alias is not None and num_draft is not None and int(alias) != int(num_draft):
+        raise ValueError(
+            "--speculative-num-draft-tokens and --speculative-dflash-block-size differ "
+            f"({num_draft} vs {alias}); for DFLASH they are the same block size"
+        )
+    block = num_draft if num_draft is not None else alias
+    block = drafter_block_size if block is None else int(block)
+    if block < 2:
+        raise ValueError(f"DFLASH block size must be >= 2, got {block}")
+    return block
+
+
+def handle_dflash(server_args) -> None:
+    cfg = resolving_view(server_args)
+    _check_device_and_parallelism(cfg)
+    drafter_cfg = validate_drafter(cfg)
+    block = _resolve_block_size(server_args, cfg, drafter_cfg.block_size)
+    for name in ("speculative_num_steps", "speculative_eagle_topk"):
+        value = getattr(cfg, name)
+        if value is not None and int(value) != 1:
+            logger.warning("DFLASH uses %s == 1; overriding %s", name, value)
+    fields = dict(
+        speculative_num_steps=1,
+        speculative_eagle_topk=1,
+        speculative_num_draft_tokens=block,
+        # The worker runs the draft and verify in one synchronous step.
+        disable_overlap_schedule=True,
+    )
+    if cfg.speculative_draft_attention_backend is None:
+        # Our drafter runs its own attention; record the target's for tools that read it.
+        fields["speculative_draft_attention_backend"] = cfg.attention_backend
+    if cfg.max_running_requests is None:
+        fields["max_running_requests"] = DEFAULT_MAX_RUNNING_REQUESTS
+    declare_resolution(server_args, SOURCE, **fields)
+    logger.info(
+        "sglang-dflash: DFLASH with a v%d drafter, block size %d", drafter_cfg.version, block
+    )

@@ -1,0 +1,76 @@
+"""`sglang-dflash` command line.
+
+  sglang-dflash serve ARGS...   run `python -m sglang.launch_server ARGS...`; on a
+                                host without CUDA, first set up SGLang's CPU engine
+                                (sgl_kernel stand-in, SGLANG_USE_CPU_ENGINE=1) and
+                                add CPU defaults for arguments the user did not give.
+  sglang-dflash cpu-env         print the shell exports for the plain CPU command.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Flags we default on CPU, with the reason. A user-given flag always wins.
+CPU_DEFAULTS: list[tuple[str, list[str]]] = [
+    ("--device", ["cpu"]),
+    # torch SDPA; our plugin adds TARGET_VERIFY to it.
+    ("--attention-backend", ["torch_native"]),
+    ("--sampling-backend", ["pytorch"]),
+    # CPU graphs require torch.compile and exclude speculation.
+    ("--disable-cuda-graph", []),
+    # A shared host: do not size the KV cache from most of its RAM.
+    ("--max-total-tokens", ["65536"]),
+    ("--mem-fraction-static", ["0.3"]),
+]
+
+
+def _given(args: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def with_cpu_defaults(args: list[str]) -> list[str]:
+    out = list(args)
+    for flag, values in CPU_DEFAULTS:
+        if not _given(out, flag):
+            out += [flag, *values]
+    return out
+
+
+def serve(args: list[str]) -> None:
+    from sglang_dflash import cpu_runtime
+
+    env = dict(os.environ)
+    if not cpu_runtime.cuda_available():
+        env = cpu_runtime.cpu_env(env)
+        args = with_cpu_defaults(args)
+    cmd = [sys.executable, "-m", "sglang.launch_server", *args]
+    print("sglang-dflash:", " ".join(cmd), flush=True)
+    os.execvpe(sys.executable, cmd, env)
+
+
+def print_cpu_env() -> None:
+    from sglang_dflash import cpu_runtime
+
+    env = cpu_runtime.cpu_env({"PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+    for key in ("PYTHONPATH", "SGLANG_USE_CPU_ENGINE", "TORCHDYNAMO_DISABLE"):
+        print(f"export {key}={env[key]}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "serve":
+        serve(rest)
+    elif cmd == "cpu-env":
+        print_cpu_env()
+    else:
+        sys.exit(f"sglang-dflash: unknown command {cmd!r}; try 'sglang-dflash --help'")
+
+
+if __name__ == "__main__":
+    main()

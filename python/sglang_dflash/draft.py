@@ -1,0 +1,113 @@
+"""Draft-step bookkeeping in plain torch: blocks, context indices, commit plans.
+
+Layout: one verify block per request, fixed width B, so per-request tensors
+are `[bs]` and per-token tensors are `[bs, B]` (no ragged offsets).
+Vocabulary (see README): the *anchor* is the last verified token (the previous
+step's bonus), not yet in the KV cache; `accept_len` counts accepted draft
+tokens; `commit_len = accept_len + 1` adds the bonus.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DraftBlock:
+    token_ids: torch.Tensor  # [bs, B] int64: [anchor, mask x (B-1)]
+    positions: torch.Tensor  # [bs, B] int64: prefix_len + arange(B)
+
+
+def make_blocks(
+    anchor: torch.Tensor, prefix_lens: torch.Tensor, mask_token_id: int, block_size: int
+) -> DraftBlock:
+    """Build `[anchor, MASK x (B-1)]` at positions `prefix_len .. prefix_len + B - 1`.
+
+    Args:
+        anchor: [bs] last verified token per request.
+        prefix_lens: [bs] committed KV length per request (the anchor's position).
+    """
+    if anchor.dim() != 1 or anchor.shape != prefix_lens.shape:
+        raise ValueError(
+            f"anchor {tuple(anchor.shape)} and prefix_lens {tuple(prefix_lens.shape)} "
+            "must both be [bs]"
+        )
+    if block_size < 2:
+        raise ValueError(f"block_size must be >= 2, got {block_size}")
+    bs = anchor.shape[0]
+    ids = torch.full((bs, block_size), int(mask_token_id), dtype=torch.int64, device=anchor.device)
+    ids[:, 0] = anchor
+    offsets = torch.arange(block_size, dtype=torch.int64, device=anchor.device)
+    positions = prefix_lens.to(torch.int64).unsqueeze(1) + offsets
+    return DraftBlock(token_ids=ids, positions=positions)
+
+
+def context_slots(
+    req_to_token_rows: torch.Tensor, prefix_lens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """KV slots of each request's committed context, padded to the longest.
+
+    Args:
+        req_to_token_rows: [bs, max_context] slot ids per position.
+        prefix_lens: [bs] committed lengths.
+    Returns:
+        slots [bs, L] int64 (0 where invalid) and valid [bs, L] bool, L = max(prefix_lens).
+    """
+    width = int(prefix_lens.max()) if prefix_lens.numel() else 0
+    cols = torch.arange(width, device=prefix_lens.device)
+    valid = cols.unsqueeze(0) < prefix_lens.unsqueeze(1)
+    slots = req_to_token_rows[:, :width].to(torch.int64)
+    return torch.where(valid, slots, torch.zeros_like(slots)), valid
+
+
+@dataclass
+class CommitPlan:
+    commit_lens: torch.Tensor  # [bs] int64: accepted drafts + bonus
+    new_seq_lens: torch.Tensor  # [bs] int64: committed KV length after the step
+    keep: torch.Tensor  # [bs, B] bool: verify rows whose target features become draft context
+
+
+def plan_commit(accept_len: torch.Tensor, prefix_lens: torch.Tensor, block_size: int) -> CommitPlan:
+    """Rows 0..accept_len of the verify block (the anchor and the accepted drafts)
+    are now committed tokens; their target features become draft context. The
+    bonus is the next anchor and is not in the KV cache yet."""
+    commit_lens = accept_len.to(torch.int64) + 1
+    rows = torch.arange(block_size, device=accept_len.device)
+    keep = rows.unsqueeze(0) < commit_lens.unsqueeze(1)
+    return CommitPlan(
+        commit_lens=commit_lens,
+        new_seq_lens=prefix_lens.to(torch.int64) + commit_lens,
+        keep=keep,
+    )
+
+
+def match_accept(
+    draft_tokens: torch.Tensor, target_tokens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Accept the longest prefix of drafts equal to the target's tokens.
+
+    With `target_tokens` the target argmax this is greedy verification; with
+    tokens sampled from the target's p at each position it is exact speculative
+    sampling for a deterministic (one-hot q) draft (dflash.md §4.3).
+
+    Args:
+        draft_tokens: [bs, S] drafted tokens for positions 1..S of the block.
+        target_tokens: [bs, S+1] target token after block rows 0..S.
+    Returns:
+        accept_len [bs], bonus [bs], out_tokens [bs, S+1] (accepted drafts, then
+        the bonus at index accept_len; later entries repeat the bonus, unused).
+    """
+    if target_tokens.shape[1] != draft_tokens.shape[1] + 1:
+        raise ValueError(
+            f"target_tokens {tuple(target_tokens.shape)} must have one more column "
+            f"than draft_tokens {tuple(draft_tokens.shape)}"
+        )
+    matches = (draft_tokens == target_tokens[:, :-1]).to(torch.int64)
+    accept_len = matches.cumprod(dim=1).sum(dim=1)
+    bonus = target_tokens.gather(1, accept_len.unsqueeze(1)).squeeze(1)
+    cols = torch.arange(target_tokens.shape[1], device=draft_tokens.device).unsqueeze(0)
+    padded_drafts = torch.cat([draft_tokens, bonus.unsqueeze(1)], dim=1)
+    out_tokens = torch.where(cols < accept_len.unsqueeze(1), padded_drafts, bonus.unsqueeze(1))
+    return accept_len, bonus, out_tokens
