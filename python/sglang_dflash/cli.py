@@ -4,6 +4,8 @@
                                 host without CUDA, first set up SGLang's CPU engine
                                 (sgl_kernel stand-in, SGLANG_USE_CPU_ENGINE=1) and
                                 add CPU defaults for arguments the user did not give.
+  sglang-dflash demo ARGS...    serve the bundled pair with DFLASH (`serve` with the
+                                pair's --model-path/--speculative-* arguments filled in).
   sglang-dflash cpu-env         print the shell exports for the plain CPU command.
 """
 
@@ -50,6 +52,20 @@ def serve(args: list[str]) -> None:
     os.execvpe(sys.executable, cmd, env)
 
 
+def demo(args: list[str]) -> None:
+    from sglang_dflash.demo import demo_pair
+
+    target, drafter = demo_pair()
+    serve(
+        [
+            "--model-path", target,
+            "--speculative-algorithm", "DFLASH",
+            "--speculative-draft-model-path", drafter,
+            *args,
+        ]
+    )
+
+
 def print_cpu_env() -> None:
     from sglang_dflash import cpu_runtime
 
@@ -66,6 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     cmd, rest = argv[0], argv[1:]
     if cmd == "serve":
         serve(rest)
+    elif cmd == "demo":
+        demo(rest)
     elif cmd == "cpu-env":
         print_cpu_env()
     else:

@@ -1,0 +1,179 @@
+"""Top-K candidate tokens per drafted position (DFlash 2, dflash.md §3.2).
+
+The drafter's hidden state at each drafted position is projected through the
+*target* LM head, restricted to the real vocabulary, and the K best tokens are
+kept together with their unary scores. The selector (`select.py`) then chooses
+one path through these candidates.
+
+Unary transform, applied to the K kept logits only:
+
+    unary = logits * output_multiplier
+    unary = softcap * tanh(unary / softcap)      # only when softcap > 0
+
+Both steps are strictly increasing, so taking the top-K of the raw logits and
+transforming afterwards keeps the same ids in the same order as transforming
+the whole vocabulary first, at K/V of the cost.
+
+Tensor parallelism: each rank computes a top-K over its own vocabulary shard
+(ids shifted by the shard's offset into the global vocabulary), the ranks
+all-gather `[tp, bs, S, K]` values and ids, and `merge_shard_topk` takes the
+global top-K. This moves O(tp * K) values per position instead of O(V).
+
+Imports torch and the stdlib only.
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass
+class Candidates:
+    """The K candidate tokens of every drafted position.
+
+    Invariant: along the last dimension, `unary` is non-increasing, so index 0
+    is each position's best candidate.
+    """
+
+    ids: torch.Tensor  # [bs, S, K] int64 token ids, sorted by unary score descending
+    unary: torch.Tensor  # [bs, S, K] float32 transformed unary scores
+
+
+def topk_candidates(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    k: int,
+    *,
+    output_multiplier: float = 1.0,
+    softcap: Optional[float] = None,
+    vocab_size: Optional[int] = None,
+) -> Candidates:
+    """Project draft hidden states through the target head and keep the top K.
+
+    Args:
+        hidden: [bs, S, H] draft hidden states at the S drafted positions.
+        lm_head_weight: [V_padded, H] target LM head weight.
+        k: number of candidates per position, 1 <= k <= vocab.
+        output_multiplier: positive scale applied to the kept logits.
+        softcap: cap for `cap * tanh(x / cap)`; None or <= 0 disables it
+            (HF configs spell "no softcap" as null or 0.0).
+        vocab_size: real vocabulary size; rows of `lm_head_weight` past it are
+            padding and never become candidates. None uses every row.
+
+    Returns:
+        Candidates with ids [bs, S, k] int64 and unary [bs, S, k] float32.
+
+    Raises:
+        ValueError: on a bad shape, k out of range, or a non-positive
+            multiplier.
+    """
+    vocab = _check_topk_inputs(hidden, lm_head_weight, k, output_multiplier, vocab_size)
+    logits = _unary_logits(hidden, lm_head_weight[:vocab])  # [bs, S, vocab]
+    values, ids = torch.topk(logits, k, dim=-1, largest=True, sorted=True)
+    unary = transform_unary(values, output_multiplier, softcap)
+    return Candidates(ids=ids.to(torch.int64), unary=unary)
+
+
+def transform_unary(
+    logits: torch.Tensor, output_multiplier: float = 1.0, softcap: Optional[float] = None
+) -> torch.Tensor:
+    """Apply the DFlash 2 unary transform (multiplier, then optional softcap).
+
+    Args:
+        logits: [...] float32 raw logits.
+        output_multiplier: scale applied first.
+        softcap: `cap * tanh(x / cap)` when a positive number, else skipped.
+
+    Returns:
+        [...] float32 transformed scores, same shape as `logits`.
+    """
+    unary = logits.float() * output_multiplier
+    if softcap is not None and softcap > 0:
+        unary = softcap * torch.tanh(unary / softcap)
+    return unary
+
+
+def merge_shard_topk(
+    values: torch.Tensor, ids: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Global top-K from the per-shard top-K of every tensor-parallel rank.
+
+    Exact: every global top-K element is within the top-K of its own shard, so
+    the union of the shard top-Ks contains the global top-K.
+
+    Args:
+        values: [tp, bs, S, K_shard] per-shard top-K values (all-gathered).
+        ids: [tp, bs, S, K_shard] matching GLOBAL token ids (shard offset
+            already added).
+        k: candidates to keep, 1 <= k <= tp * K_shard.
+
+    Returns:
+        (values [bs, S, k], ids [bs, S, k] int64), sorted by value descending.
+
+    Raises:
+        ValueError: if the shapes differ, are not 4-D, or k is out of range.
+    """
+    if values.dim() != 4:
+        raise ValueError(f"values must be [tp, bs, S, K], got shape {tuple(values.shape)}")
+    if ids.shape != values.shape:
+        raise ValueError(
+            f"ids shape {tuple(ids.shape)} must equal values shape {tuple(values.shape)}"
+        )
+    tp, bs, num_slots, k_shard = values.shape
+    if not 1 <= k <= tp * k_shard:
+        raise ValueError(f"k={k} must be in [1, tp * K_shard = {tp * k_shard}]")
+    # [tp, bs, S, K] -> [bs, S, tp * K]: line every shard's candidates up per position.
+    flat_values = values.permute(1, 2, 0, 3).reshape(bs, num_slots, tp * k_shard)
+    flat_ids = ids.permute(1, 2, 0, 3).reshape(bs, num_slots, tp * k_shard)
+    top_values, where = torch.topk(flat_values, k, dim=-1, largest=True, sorted=True)
+    return top_values, torch.gather(flat_ids, -1, where).to(torch.int64)
+
+
+def _unary_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Logits `hidden @ weight.T` in float32.
+
+    NOTE: with a bf16/fp16 head the upcast makes a temporary float32 copy of
+    the head rows; the brief asks for float32 scores so that candidate order
+    does not depend on low-precision rounding. A caller that needs the memory
+    can pass an already-float32 head, which is used without a copy.
+
+    Args:
+        hidden: [bs, S, H].
+        weight: [V, H].
+
+    Returns:
+        [bs, S, V] float32.
+    """
+    return torch.matmul(hidden.float(), weight.float().t())
+
+
+def _check_topk_inputs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    k: int,
+    output_multiplier: float,
+    vocab_size: Optional[int],
+) -> int:
+    """Validate `topk_candidates` arguments; return the vocabulary to use."""
+    if hidden.dim() != 3:
+        raise ValueError(f"hidden must be [bs, S, H], got shape {tuple(hidden.shape)}")
+    if weight.dim() != 2:
+        raise ValueError(f"lm_head_weight must be [V, H], got shape {tuple(weight.shape)}")
+    if weight.shape[1] != hidden.shape[2]:
+        raise ValueError(
+            f"lm_head_weight shape {tuple(weight.shape)} does not match hidden size "
+            f"{hidden.shape[2]} of hidden shape {tuple(hidden.shape)}"
+        )
+    vocab = weight.shape[0] if vocab_size is None else vocab_size
+    if not 1 <= vocab <= weight.shape[0]:
+        raise ValueError(
+            f"vocab_size={vocab_size} must be in [1, {weight.shape[0]}] "
+            f"(lm_head_weight shape {tuple(weight.shape)})"
+        )
+    if not 1 <= k <= vocab:
+        raise ValueError(f"k={k} must be in [1, vocab={vocab}]")
+    # A non-positive scale would reverse or flatten the candidate order.
+    if not output_multiplier > 0:
+        raise ValueError(f"output_multiplier={output_multiplier} must be positive")
+    return vocab

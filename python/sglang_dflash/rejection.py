@@ -1,0 +1,267 @@
+"""Lossless verification of a drafted chain (dflash.md §4.1-4.5).
+
+Terminology:
+    p: target distribution, the one plain SGLang decoding samples from
+       (temperature, top-k, top-p, min-p applied: `target_probs`).
+    q: draft distribution each draft token was actually sampled from.
+    accept_len: number of accepted draft tokens, excluding the bonus.
+    bonus: the target token emitted right after the accepted prefix: the
+       residual draw at the first rejection, or a draw from p after the last
+       draft when every draft is accepted.
+    commit_len: accept_len + 1, the tokens a step appends.
+
+Rule (Leviathan et al.): for i = 0, 1, ... accept draft x_i with probability
+min(1, p_i(x_i) / q_i(x_i)); at the first rejection emit a token drawn from
+norm(max(0, p_i - q_i)) over the FULL vocabulary and stop; if all S drafts are
+accepted emit a token drawn from p_S. The output is then distributed exactly
+as target sampling, for any q, as long as q is the distribution the draft was
+really drawn from (dflash.md §4.5).
+
+Imports torch and the stdlib only.
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+# Filler for `AcceptResult.tokens` past the bonus.
+PAD_TOKEN_ID = -1
+
+# SGLang's `SamplingParams` turns temperature < 1e-6 into greedy decoding
+# (temperature 1.0, top_k 1); `target_probs` does the same for such rows.
+GREEDY_TEMPERATURE_EPS = 1e-6
+
+
+@dataclass
+class AcceptResult:
+    """Outcome of verifying one drafted chain per request."""
+
+    accept_len: torch.Tensor  # [bs] int64 accepted draft tokens (excluding the bonus)
+    tokens: torch.Tensor  # [bs, S+1] int64 accepted drafts, bonus at accept_len, then PAD_TOKEN_ID
+
+    @property
+    def commit_len(self) -> torch.Tensor:
+        """[bs] int64 tokens appended by this step: accept_len + 1."""
+        return self.accept_len + 1
+
+    @property
+    def bonus(self) -> torch.Tensor:
+        """[bs] int64 the target token emitted after the accepted prefix."""
+        return torch.gather(self.tokens, 1, self.accept_len.unsqueeze(1)).squeeze(1)
+
+
+def target_probs(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    top_k: torch.Tensor,
+    min_p: torch.Tensor,
+) -> torch.Tensor:
+    """The distribution plain SGLang decoding samples from, as dense probs.
+
+    Mirrors SGLang 0.5.23's torch sampler (`Sampler.forward` then
+    `top_k_top_p_min_p_sampling_from_probs_torch`): softmax(logits / T), sort
+    descending, zero ranks >= top_k, zero ranks whose preceding cumulative
+    mass already exceeds top_p (strict `>`), zero probs below
+    min_p * max prob (strict `<`), renormalize. Equal probabilities are ranked
+    by token id (stable sort), so top_k = 1 keeps the first maximum like
+    `argmax`; SGLang's unstable sort leaves that order unspecified.
+
+    Conventions (SGLang normalizes user values the same way):
+        top_k: 1 <= k < V filters; k >= V (SGLang's TOP_K_ALL = 1 << 30) and
+            k <= 0 (the user-facing -1) disable it; k == 1 is greedy.
+        temperature < GREEDY_TEMPERATURE_EPS: greedy, as if T = 1, top_k = 1.
+        top_p = 1.0 and min_p = 0.0 disable those filters.
+
+    Args:
+        logits: [N, V] float32 target logits (after penalties, bias, grammar).
+        temperature: [N] float32.
+        top_p: [N] float32.
+        top_k: [N] int64.
+        min_p: [N] float32.
+
+    Returns:
+        [N, V] float32 probabilities; each row sums to 1.
+    """
+    _check_sampling_inputs(logits, temperature, top_p, top_k, min_p)
+    vocab = logits.shape[-1]
+    greedy = temperature < GREEDY_TEMPERATURE_EPS  # [N]
+    temp = torch.where(greedy, torch.ones_like(temperature), temperature).float()
+    k = torch.where((top_k <= 0) | (top_k >= vocab), torch.full_like(top_k, vocab), top_k)
+    k = torch.where(greedy, torch.ones_like(k), k)
+    probs = torch.softmax(logits.float() / temp.unsqueeze(-1), dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    kept = sorted_probs * _keep_mask(sorted_probs, k, top_p.float(), min_p.float())
+    kept = kept / kept.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(probs).scatter_(-1, order, kept)
+
+
+def chain_rejection_sample(
+    draft_tokens: torch.Tensor,
+    q: torch.Tensor,
+    p: torch.Tensor,
+    uniforms: torch.Tensor,
+    generator: Optional[torch.Generator] = None,
+) -> AcceptResult:
+    """Exact chain rejection sampling of S drafts per request.
+
+    Accept test: x_i is accepted iff u_i * q_i(x_i) < p_i(x_i), i.e. with
+    probability min(1, p/q) for u ~ U[0, 1). The strict `<` never accepts a
+    token the target gives zero mass (filtered out by top-k/top-p/min-p),
+    even when u = 0.
+
+    The emitted token (residual at the first rejection, or the bonus after S
+    accepts) is drawn with `torch.multinomial` from `generator`, so results
+    are reproducible given seeded uniforms and generator. If the residual has
+    no positive mass (possible only by rounding, since a rejection implies
+    p != q) it is drawn from p_i instead.
+
+    Args:
+        draft_tokens: [bs, S] int64 drafted tokens x_0..x_{S-1}.
+        q: [bs, S, V] float32 dense draft distribution each draft was drawn
+            from (`select.dense_q`; one-hot for deterministic drafts).
+        p: [bs, S+1, V] float32 target probabilities (`target_probs`); p[:, i]
+            is the target conditional after the prefix plus the first i drafts.
+        uniforms: [bs, S] float32 in [0, 1) for the accept tests, independent
+            of the draws that produced the drafts.
+        generator: torch.Generator on p's device for the emitted-token draws.
+
+    Returns:
+        AcceptResult with accept_len [bs] and tokens [bs, S+1].
+    """
+    _check_chain_inputs(draft_tokens, q, p, uniforms)
+    bs, num_slots = draft_tokens.shape
+    drafts = draft_tokens.long().unsqueeze(-1)  # [bs, S, 1]
+    p_draft = torch.gather(p[:, :num_slots], -1, drafts).squeeze(-1)  # [bs, S]
+    q_draft = torch.gather(q, -1, drafts).squeeze(-1)  # [bs, S]
+    accepted = uniforms.float() * q_draft < p_draft  # [bs, S]
+    accept_len = _leading_true(accepted)
+    emit_from = _emit_distribution(q, p, accept_len)  # [bs, V]
+    emitted = torch.multinomial(emit_from, 1, generator=generator).squeeze(-1)
+    return AcceptResult(accept_len, _assemble_tokens(draft_tokens, accept_len, emitted))
+
+
+def greedy_accept(draft_tokens: torch.Tensor, target_argmax: torch.Tensor) -> AcceptResult:
+    """Greedy verification: accept while the draft equals the target argmax.
+
+    Args:
+        draft_tokens: [bs, S] int64.
+        target_argmax: [bs, S+1] int64 argmax of p at every verify position.
+
+    Returns:
+        AcceptResult; the bonus is target_argmax[:, accept_len].
+    """
+    if draft_tokens.dim() != 2:
+        raise ValueError(f"draft_tokens must be [bs, S], got shape {tuple(draft_tokens.shape)}")
+    bs, num_slots = draft_tokens.shape
+    if target_argmax.shape != (bs, num_slots + 1):
+        raise ValueError(
+            f"target_argmax must be [{bs}, {num_slots + 1}], got shape {tuple(target_argmax.shape)}"
+        )
+    accept_len = _leading_true(draft_tokens.long() == target_argmax[:, :num_slots].long())
+    bonus = torch.gather(target_argmax.long(), 1, accept_len.unsqueeze(1)).squeeze(1)
+    return AcceptResult(accept_len, _assemble_tokens(draft_tokens, accept_len, bonus))
+
+
+def _keep_mask(
+    sorted_probs: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> torch.Tensor:
+    """Which sorted entries survive top-k, then top-p, then min-p.
+
+    Args:
+        sorted_probs: [N, V] probabilities sorted descending.
+        k: [N] int64 effective top-k in [1, V].
+        top_p: [N] float32.
+        min_p: [N] float32.
+
+    Returns:
+        [N, V] float32 0/1 mask.
+    """
+    ranks = torch.arange(sorted_probs.shape[-1], device=sorted_probs.device)
+    keep = ranks.unsqueeze(0) < k.unsqueeze(-1)
+    # Mass strictly before each rank: a rank is dropped once that exceeds top_p.
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    keep &= ~(mass_before > top_p.unsqueeze(-1))
+    # Rank 0 always survives top-k and top-p, so the threshold uses the peak.
+    keep &= ~(sorted_probs < (sorted_probs[:, :1] * min_p.unsqueeze(-1)))
+    return keep.float()
+
+
+def _leading_true(flags: torch.Tensor) -> torch.Tensor:
+    """[bs, S] bool -> [bs] int64 count of leading True values."""
+    return torch.cumprod(flags.long(), dim=1).sum(dim=1)
+
+
+def _emit_distribution(q: torch.Tensor, p: torch.Tensor, accept_len: torch.Tensor) -> torch.Tensor:
+    """Unnormalized distribution of the token emitted after the accepted prefix.
+
+    Row b is max(0, p_i - q_i) at i = accept_len[b] < S (first rejection), or
+    p_S when every draft was accepted (q is zero there). Falls back to p_i
+    when the residual has no positive mass.
+
+    Args:
+        q: [bs, S, V].
+        p: [bs, S+1, V].
+        accept_len: [bs] int64 in [0, S].
+
+    Returns:
+        [bs, V] float32, non-negative, positive mass in every row.
+    """
+    bs, num_slots, _ = q.shape
+    batch = torch.arange(bs, device=p.device)
+    p_row = p[batch, accept_len].float()  # [bs, V]
+    if num_slots == 0:
+        return p_row
+    rejected = (accept_len < num_slots).unsqueeze(-1)  # [bs, 1]
+    q_row = q[batch, accept_len.clamp(max=num_slots - 1)].float()
+    residual = (p_row - torch.where(rejected, q_row, torch.zeros_like(q_row))).clamp(min=0)
+    empty = residual.sum(dim=-1, keepdim=True) <= 0
+    return torch.where(empty, p_row, residual)
+
+
+def _assemble_tokens(
+    draft_tokens: torch.Tensor, accept_len: torch.Tensor, emitted: torch.Tensor
+) -> torch.Tensor:
+    """[bs, S+1]: drafts before accept_len, `emitted` at it, PAD_TOKEN_ID after.
+
+    Args:
+        draft_tokens: [bs, S] int64.
+        accept_len: [bs] int64.
+        emitted: [bs] int64 bonus token.
+
+    Returns:
+        [bs, S+1] int64.
+    """
+    bs, num_slots = draft_tokens.shape
+    padded = torch.cat(
+        [draft_tokens.long(), draft_tokens.new_full((bs, 1), PAD_TOKEN_ID, dtype=torch.int64)], 1
+    )
+    positions = torch.arange(num_slots + 1, device=draft_tokens.device).unsqueeze(0)
+    before_bonus = positions < accept_len.unsqueeze(1)
+    tokens = torch.where(before_bonus, padded, torch.full_like(padded, PAD_TOKEN_ID))
+    return tokens.scatter_(1, accept_len.unsqueeze(1), emitted.long().unsqueeze(1))
+
+
+def _check_sampling_inputs(logits, temperature, top_p, top_k, min_p) -> None:
+    """Raise ValueError, naming the tensor and shape, on inconsistent inputs."""
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [N, V], got shape {tuple(logits.shape)}")
+    n = logits.shape[0]
+    for name, tensor in (("temperature", temperature), ("top_p", top_p), ("top_k", top_k),
+                         ("min_p", min_p)):
+        if tensor.shape != (n,):
+            raise ValueError(f"{name} must be [{n}], got shape {tuple(tensor.shape)}")
+
+
+def _check_chain_inputs(draft_tokens, q, p, uniforms) -> None:
+    """Raise ValueError, naming the tensor and shape, on inconsistent inputs."""
+    if draft_tokens.dim() != 2:
+        raise ValueError(f"draft_tokens must be [bs, S], got shape {tuple(draft_tokens.shape)}")
+    bs, num_slots = draft_tokens.shape
+    if p.dim() != 3 or p.shape[:2] != (bs, num_slots + 1):
+        raise ValueError(f"p must be [{bs}, {num_slots + 1}, V], got shape {tuple(p.shape)}")
+    if q.shape != (bs, num_slots, p.shape[2]):
+        raise ValueError(f"q must be [{bs}, {num_slots}, {p.shape[2]}], got shape {tuple(q.shape)}")
+    if uniforms.shape != (bs, num_slots):
+        raise ValueError(f"uniforms must be [{bs}, {num_slots}], got shape {tuple(uniforms.shape)}")

@@ -1,0 +1,24 @@
+"""Test tiers: test/unit (CPU, no SGLang import), test/integration (the real SGLang
+engine and HTTP server on the CPU engine, in subprocesses), test/gpu (skipped
+without CUDA)."""
+
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "python"))
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:
+        has_cuda = False
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "test/gpu" in str(item.fspath).replace(os.sep, "/") and not has_cuda:
+            item.add_marker(skip_gpu)

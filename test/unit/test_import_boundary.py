@@ -1,0 +1,42 @@
+"""Only `sglang_dflash.adapter` may import SGLang (or Triton): the algorithm
+modules must import with both made unimportable, and the package root must not
+pull in torch."""
+
+import subprocess
+import sys
+
+import pytest
+
+CORE_MODULES = [
+    "sglang_dflash.config",
+    "sglang_dflash.model",
+    "sglang_dflash.checkpoint",
+    "sglang_dflash.draft",
+    "sglang_dflash.candidates",
+    "sglang_dflash.select",
+    "sglang_dflash.rejection",
+    "sglang_dflash.prompts",
+    "sglang_dflash.demo",
+    "sglang_dflash.cli",
+    "sglang_dflash.cpu_runtime",
+    "sglang_dflash.train.objective",
+    "sglang_dflash.train.trainer",
+]
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("module", CORE_MODULES)
+def test_core_module_imports_without_sglang_or_triton(module):
+    proc = _run(
+        "import sys; sys.modules['sglang'] = None; sys.modules['triton'] = None; "
+        f"import {module}"
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_package_root_is_light():
+    proc = _run("import sys, sglang_dflash; assert 'torch' not in sys.modules, 'torch imported'")
+    assert proc.returncode == 0, proc.stderr[-2000:]
