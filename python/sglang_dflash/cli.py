@@ -7,6 +7,7 @@
   sglang-dflash demo ARGS...    serve the bundled pair with DFLASH (`serve` with the
                                 pair's --model-path/--speculative-* arguments filled in).
   sglang-dflash cpu-env         print the shell exports for the plain CPU command.
+  sglang-dflash patches check|apply   check / apply `patches/` against the installed sglang.
 """
 
 from __future__ import annotations
@@ -84,6 +85,10 @@ def main(argv: list[str] | None = None) -> None:
         serve(rest)
     elif cmd == "demo":
         demo(rest)
+    elif cmd == "patches":
+        from sglang_dflash.patches import main as patches_main
+
+        patches_main(rest)
     elif cmd == "cpu-env":
         print_cpu_env()
     else:

@@ -81,33 +81,3 @@ def plan_commit(accept_len: torch.Tensor, prefix_lens: torch.Tensor, block_size:
         new_seq_lens=prefix_lens.to(torch.int64) + commit_lens,
         keep=keep,
     )
-
-
-def match_accept(
-    draft_tokens: torch.Tensor, target_tokens: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Accept the longest prefix of drafts equal to the target's tokens.
-
-    With `target_tokens` the target argmax this is greedy verification; with
-    tokens sampled from the target's p at each position it is exact speculative
-    sampling for a deterministic (one-hot q) draft (dflash.md §4.3).
-
-    Args:
-        draft_tokens: [bs, S] drafted tokens for positions 1..S of the block.
-        target_tokens: [bs, S+1] target token after block rows 0..S.
-    Returns:
-        accept_len [bs], bonus [bs], out_tokens [bs, S+1] (accepted drafts, then
-        the bonus at index accept_len; later entries repeat the bonus, unused).
-    """
-    if target_tokens.shape[1] != draft_tokens.shape[1] + 1:
-        raise ValueError(
-            f"target_tokens {tuple(target_tokens.shape)} must have one more column "
-            f"than draft_tokens {tuple(draft_tokens.shape)}"
-        )
-    matches = (draft_tokens == target_tokens[:, :-1]).to(torch.int64)
-    accept_len = matches.cumprod(dim=1).sum(dim=1)
-    bonus = target_tokens.gather(1, accept_len.unsqueeze(1)).squeeze(1)
-    cols = torch.arange(target_tokens.shape[1], device=draft_tokens.device).unsqueeze(0)
-    padded_drafts = torch.cat([draft_tokens, bonus.unsqueeze(1)], dim=1)
-    out_tokens = torch.where(cols < accept_len.unsqueeze(1), padded_drafts, bonus.unsqueeze(1))
-    return accept_len, bonus, out_tokens

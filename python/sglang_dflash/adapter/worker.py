@@ -3,9 +3,9 @@
 One decode step, each line one call (`forward_batch_generation`):
   block    = make_blocks(anchor, prefix_lens)             draft.py
   hidden   = drafter.forward_block(...)                   model.py (our torch drafter)
-  drafts   = argmax(hidden @ target lm_head)              (DFlash v1 path)
+  proposal = propose_argmax | propose_selector            propose.py (v1 | DFlash 2)
   logits   = target TARGET_VERIFY forward over the block  SGLang target worker
-  accepted = match_accept(drafts, target tokens)          draft.py
+  result   = verify_block(drafts, logits, sampling, q)    verify.py (greedy / exact sampling)
   plan     = plan_commit(accept_len, prefix_lens)         draft.py
   drafter context += target features of committed rows   DraftKVCache
 
@@ -37,8 +37,9 @@ from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 
 from sglang_dflash.adapter.draft_kv import DraftKVCache
 from sglang_dflash.checkpoint import load_drafter
-from sglang_dflash.draft import context_slots, make_blocks, match_accept, plan_commit
-from sglang_dflash.rejection import target_probs
+from sglang_dflash.draft import context_slots, make_blocks, plan_commit
+from sglang_dflash.propose import propose_argmax, propose_selector
+from sglang_dflash.verify import SamplingRows, verify_block
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,10 @@ class DFlashWorker(BaseSpecWorker):
         self.drafter = self._load_drafter(spec.speculative_draft_model_path)
         self.mask_token_id = self.drafter.cfg.mask_token_id
         self.draft_kv: DraftKVCache | None = None
+        # Draws for the selector walk and the accept tests; independent of the
+        # target sampler's stream (dflash.md §4.5 item 3).
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(int(get_spec_seed(server_args)))
         logger.info(
             "sglang-dflash worker: v%d drafter, %d layers, block %d, target layers %s",
             self.drafter.cfg.version,
@@ -152,13 +157,13 @@ class DFlashWorker(BaseSpecWorker):
         rows = self.req_to_token_pool.req_to_token[batch.req_pool_indices]
         cache_loc = rows.gather(1, block.positions).to(torch.int64)
 
-        drafts = self._draft(block, rows, prefix)
-        verify_ids = torch.cat([block.token_ids[:, :1], drafts], dim=1)
+        sampling = _sampling_rows(batch.sampling_info, len(prefix))
+        proposal = self._draft(block, rows, prefix, sampling)
+        verify_ids = torch.cat([block.token_ids[:, :1], proposal.drafts], dim=1)
         logits_output = self._verify(batch, verify_ids, block, cache_loc)
-        logits = logits_output.next_token_logits
-        target_tokens = self._target_tokens(logits, batch.sampling_info)
-        accept_len, bonus, out_tokens = match_accept(drafts, target_tokens)
-        plan = plan_commit(accept_len, prefix, self.block_size)
+        logits = logits_output.next_token_logits.view(len(prefix), self.block_size, -1)
+        result = verify_block(proposal.drafts, logits, sampling, proposal.q, self.generator)
+        plan = plan_commit(result.accept_len, prefix, self.block_size)
         if on_publish is not None:
             on_publish(plan.new_seq_lens)
 
@@ -167,11 +172,11 @@ class DFlashWorker(BaseSpecWorker):
         logits_output.hidden_states = None
         return GenerationBatchResult(
             logits_output=logits_output,
-            next_token_ids=out_tokens.reshape(-1),
+            next_token_ids=result.tokens.reshape(-1),
             accept_lens=plan.commit_lens.to(torch.int32),
             can_run_cuda_graph=False,
             next_draft_input=make_draft_input_v2(
-                bonus_tokens=bonus, new_seq_lens=plan.new_seq_lens
+                bonus_tokens=result.bonus, new_seq_lens=plan.new_seq_lens
             ),
             speculative_num_draft_tokens=self.block_size,
             new_seq_lens=plan.new_seq_lens,
@@ -185,14 +190,22 @@ class DFlashWorker(BaseSpecWorker):
     def _lm_head_weight(self):
         return self.model_runner.model.lm_head.weight
 
-    def _draft(self, block, rows, prefix):
-        """Draft tokens for block positions 1..B-1: [bs, B-1] (argmax of the target head)."""
+    def _draft(self, block, rows, prefix, sampling):
+        """One drafter pass over the block, then the v1 argmax or the v2 selector path."""
         slots, valid = context_slots(rows, prefix)
         ctx_k, ctx_v = self.draft_kv.gather(slots)
         embeds = self._embed(block.token_ids)
-        hidden = self.drafter.forward_block(embeds, block.positions, ctx_k, ctx_v, valid)
-        logits = hidden[:, 1:].float() @ self._lm_head_weight().float().T
-        return logits.argmax(dim=-1)
+        hidden = self.drafter.forward_block(embeds, block.positions, ctx_k, ctx_v, valid)[:, 1:]
+        if self.drafter.cfg.version == 1:
+            return propose_argmax(hidden, self._lm_head_weight())
+        bs, num_slots = hidden.shape[:2]
+        uniforms = torch.rand((bs, num_slots), generator=self.generator, device=self.device)
+        greedy = sampling.greedy if sampling is not None else torch.ones(bs, dtype=torch.bool, device=self.device)
+        temperature = sampling.temperature if sampling is not None else torch.ones(bs, device=self.device)
+        return propose_selector(
+            self.drafter, hidden, block.token_ids[:, 0], self._lm_head_weight(),
+            temperature, greedy, uniforms,
+        )
 
     def _verify(self, batch, verify_ids, block, cache_loc):
         verify_input = DFlashVerifyInput(
@@ -215,29 +228,6 @@ class DFlashWorker(BaseSpecWorker):
         )
         return logits_output
 
-    def _target_tokens(self, logits, sampling_info):
-        """The target's token after each block row, [bs, B].
-
-        Greedy rows take the argmax. Sampled rows draw from the target's p
-        (temperature, top-k, top-p, min-p, as plain decoding would); matching a
-        deterministic draft against such a draw is exact speculative sampling.
-        """
-        bs = logits.shape[0] // self.block_size
-        argmax = logits.argmax(dim=-1).view(bs, self.block_size)
-        if sampling_info is None or sampling_info.is_all_greedy:
-            return argmax
-        rep = lambda t: t.view(bs, -1)[:, :1].expand(bs, self.block_size).reshape(-1)  # noqa: E731
-        probs = target_probs(
-            logits.float(),
-            rep(sampling_info.temperatures.float()),
-            rep(sampling_info.top_ps.float()),
-            rep(sampling_info.top_ks.to(torch.int64)),
-            rep(sampling_info.min_ps.float()),
-        )
-        sampled = torch.multinomial(probs, 1).view(bs, self.block_size)
-        greedy = (sampling_info.top_ks.view(bs) <= 1).unsqueeze(1)
-        return torch.where(greedy, argmax, sampled)
-
     def _write_context(self, target_hidden, positions, slots):
         """Project target features into draft context K/V at the given slots."""
         if target_hidden.shape[0] == 0:
@@ -249,6 +239,23 @@ class DFlashWorker(BaseSpecWorker):
     @property
     def drafter_dtype(self):
         return next(self.drafter.parameters()).dtype
+
+
+def get_spec_seed(server_args) -> int:
+    seed = getattr(server_args, "random_seed", None)
+    return 0 if seed is None else seed
+
+
+def _sampling_rows(sampling_info, bs: int):
+    """Per-request sampling parameters, or None when every request is greedy."""
+    if sampling_info is None or sampling_info.is_all_greedy:
+        return None
+    return SamplingRows(
+        temperature=sampling_info.temperatures.view(bs).float(),
+        top_p=sampling_info.top_ps.view(bs).float(),
+        top_k=sampling_info.top_ks.view(bs).to(torch.int64),
+        min_p=sampling_info.min_ps.view(bs).float(),
+    )
 
 
 def _extend_positions(prefix_lens: torch.Tensor, extend_lens: torch.Tensor) -> torch.Tensor:

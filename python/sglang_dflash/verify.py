@@ -1,0 +1,78 @@
+"""Verification of one drafted block per request, for mixed greedy / sampled batches.
+
+Rows are greedy or sampled per request (SGLang marks greedy requests with
+top_k = 1). Greedy rows accept while the draft equals the target argmax
+(output identical to plain greedy decoding). Sampled rows run exact chain
+rejection sampling against the target's p (after temperature, top-k, top-p,
+min-p, as plain decoding samples): with the q the draft was really drawn from
+(DFlash 2 selector walk) or, for deterministic drafts (DFlash v1 argmax), a
+one-hot q, where the rule reduces to "draw y ~ p, accept iff y equals the
+draft" (dflash.md §4.3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from sglang_dflash.rejection import AcceptResult, chain_rejection_sample, greedy_accept, target_probs
+
+
+@dataclass
+class SamplingRows:
+    temperature: torch.Tensor  # [bs] float32 (1.0 for greedy rows)
+    top_p: torch.Tensor  # [bs] float32
+    top_k: torch.Tensor  # [bs] int64, 1 for greedy rows
+    min_p: torch.Tensor  # [bs] float32
+
+    @property
+    def greedy(self) -> torch.Tensor:
+        """[bs] bool rows decoded greedily."""
+        return self.top_k <= 1
+
+    def repeat(self, n: int) -> "SamplingRows":
+        """Each row repeated n times (one per verify position), flattened."""
+        rep = lambda t: t.repeat_interleave(n)  # noqa: E731
+        return SamplingRows(rep(self.temperature), rep(self.top_p), rep(self.top_k), rep(self.min_p))
+
+
+def verify_block(
+    drafts: torch.Tensor,
+    logits: torch.Tensor,
+    rows: Optional[SamplingRows],
+    q: Optional[torch.Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+) -> AcceptResult:
+    """Accept a prefix of `drafts` and emit the bonus, per request.
+
+    Args:
+        drafts: [bs, S] drafted tokens for block positions 1..S.
+        logits: [bs, S+1, V] target logits after block rows 0..S (penalties,
+            bias and grammar already applied).
+        rows: per-request sampling parameters; None means all greedy.
+        q: [bs, S, V] dense distribution each draft was drawn from, or None
+            for deterministic drafts (one-hot q).
+        generator: for the accept uniforms and the emitted-token draws.
+    Returns:
+        AcceptResult (accept_len [bs], tokens [bs, S+1] with the bonus at accept_len).
+    """
+    bs, width, vocab = logits.shape
+    if drafts.shape != (bs, width - 1):
+        raise ValueError(f"drafts {tuple(drafts.shape)} must be [{bs}, {width - 1}] for logits {tuple(logits.shape)}")
+    greedy_result = greedy_accept(drafts, logits.argmax(dim=-1))
+    if rows is None or bool(rows.greedy.all()):
+        return greedy_result
+    flat = rows.repeat(width)
+    p = target_probs(logits.reshape(-1, vocab).float(), flat.temperature, flat.top_p, flat.top_k, flat.min_p)
+    p = p.view(bs, width, vocab)
+    if q is None:
+        q = torch.nn.functional.one_hot(drafts.long(), vocab).to(p.dtype)
+    uniforms = torch.rand(drafts.shape, generator=generator, device=drafts.device)
+    sampled = chain_rejection_sample(drafts, q, p, uniforms, generator=generator)
+    greedy = rows.greedy.unsqueeze(1)
+    return AcceptResult(
+        accept_len=torch.where(rows.greedy, greedy_result.accept_len, sampled.accept_len),
+        tokens=torch.where(greedy, greedy_result.tokens, sampled.tokens),
+    )

@@ -1,0 +1,119 @@
+"""Helpers shared by the integration tests: model paths, prompts, engine and
+server processes. Everything runs the real SGLang engine / HTTP server."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import requests
+
+from sglang_dflash.demo import tiny_paths
+from sglang_dflash.prompts import mixed_prompts
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PATHS = tiny_paths()
+TARGET = PATHS["target"]
+
+# fp32 everywhere: greedy identity is then exact up to rare argmax near-ties.
+ENGINE_DEFAULTS = dict(
+    model_path=TARGET,
+    dtype="float32",
+    device="cpu",
+    attention_backend="torch_native",
+    sampling_backend="pytorch",
+    disable_cuda_graph=True,
+    max_total_tokens=32768,
+    mem_fraction_static=0.3,
+    log_level="warning",
+    random_seed=0,
+)
+
+
+def chat_prompts(n: int) -> list[str]:
+    """n real prompts (GSM8K, HumanEval, MT-Bench round-robin) with the target's chat template."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(TARGET)
+    return [
+        tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+        for p in mixed_prompts(n)
+    ]
+
+
+def dflash_args(drafter: str) -> dict:
+    return dict(speculative_algorithm="DFLASH", speculative_draft_model_path=PATHS[drafter])
+
+
+def run_engine(engine_kwargs: dict, runs: list[dict], timeout: int = 1200) -> dict:
+    """Start one engine in a subprocess, execute `runs`, return {name: run}."""
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
+        json.dump({"engine": {**ENGINE_DEFAULTS, **engine_kwargs}, "runs": runs}, open(spec_path, "w"))
+        proc = subprocess.run(
+            [sys.executable, os.path.join(HERE, "engine_run.py"), spec_path, out_path],
+            capture_output=True, text=True, timeout=timeout,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"engine run failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
+        return {run["name"]: run for run in json.load(open(out_path))["runs"]}
+
+
+def free_port() -> int:
+    """A free port below the ephemeral range (SGLang binds internal ports there)."""
+    for port in range(21000 + os.getpid() % 5000, 32000):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no free port")
+
+
+class Server:
+    """`sglang-dflash serve ...` (the documented CPU way) as a subprocess."""
+
+    def __init__(self, args: list[str], timeout: int = 300):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        cmd = [sys.executable, "-m", "sglang_dflash.cli", "serve", *args,
+               "--port", str(self.port), "--host", "127.0.0.1", "--log-level", "warning",
+               "--max-total-tokens", "32768", "--random-seed", "0"]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait(timeout)
+
+    def _wait(self, timeout):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited ({self.proc.returncode}):\n{self.output()[-6000:]}")
+            try:
+                if requests.get(self.url + "/health_generate", timeout=30).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise TimeoutError(f"server did not start in {timeout}s:\n{self.output()[-6000:]}")
+
+    def output(self) -> str:
+        self.log.flush()
+        return open(self.log.name).read()
+
+    def stop(self):
+        import signal
+
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()

@@ -1,0 +1,137 @@
+"""The real HTTP server, started the documented CPU way (`sglang-dflash serve`),
+with the trained drafter: native /generate, OpenAI /v1/completions and
+/v1/chat/completions (plain and streaming), an SGLang frontend program, bad
+requests, and greedy identity with a plain server."""
+
+import json
+
+import pytest
+import requests
+
+from harness import PATHS, TARGET, Server, chat_prompts
+
+PROMPTS = 8
+MAX_NEW = 32
+
+
+def _serve(spec: bool) -> Server:
+    args = ["--model-path", TARGET, "--dtype", "float32"]
+    if spec:
+        args += ["--speculative-algorithm", "DFLASH",
+                 "--speculative-draft-model-path", PATHS["drafter-trained"]]
+    return Server(args)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return chat_prompts(PROMPTS)
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(prompts):
+    server = _serve(spec=False)
+    try:
+        return [_generate(server, p) for p in prompts]
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = _serve(spec=True)
+    yield srv
+    srv.stop()
+
+
+def _generate(server, prompt, **params):
+    sampling = {"max_new_tokens": MAX_NEW, "temperature": 0.0, **params}
+    r = requests.post(server.url + "/generate", json={"text": prompt, "sampling_params": sampling}, timeout=300)
+    r.raise_for_status()
+    return r.json()
+
+
+def test_generate_identical_to_plain_server(server, prompts, plain_outputs):
+    accept = []
+    for prompt, want in zip(prompts, plain_outputs):
+        got = _generate(server, prompt)
+        assert got["output_ids"] == want["output_ids"]
+        assert got["text"] == want["text"]
+        assert got["meta_info"]["spec_verify_ct"] > 0
+        accept.append(got["meta_info"]["spec_accept_length"])
+    assert sum(accept) / len(accept) > 1.5
+
+
+def test_generate_batch_and_stop_inside_block(server, prompts, plain_outputs):
+    # A stop token that plain decoding emits mid-way lands inside a verify block.
+    ref_ids = plain_outputs[0]["output_ids"]
+    stop_id = ref_ids[5]
+    got = _generate(server, prompts[0], stop_token_ids=[stop_id])
+    first = ref_ids.index(stop_id)
+    assert got["output_ids"][: first + 1] == ref_ids[: first + 1]
+    assert len(got["output_ids"]) <= first + 1
+    assert got["meta_info"]["finish_reason"]["type"] == "stop"
+    # max_new_tokens that is not a multiple of the block size.
+    got = _generate(server, prompts[1], max_new_tokens=13)
+    assert got["output_ids"] == plain_outputs[1]["output_ids"][:13]
+    assert got["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_openai_completions(server, prompts, plain_outputs):
+    body = {"model": "default", "prompt": prompts[2], "max_tokens": MAX_NEW, "temperature": 0}
+    r = requests.post(server.url + "/v1/completions", json=body, timeout=300)
+    r.raise_for_status()
+    assert r.json()["choices"][0]["text"] == plain_outputs[2]["text"]
+    streamed = _stream_text(server.url + "/v1/completions", body, lambda c: c["text"])
+    assert streamed == plain_outputs[2]["text"]
+
+
+def test_openai_chat_completions(server):
+    body = {"model": "default", "messages": [{"role": "user", "content": "What is 12 times 7?"}],
+            "max_tokens": MAX_NEW, "temperature": 0}
+    r = requests.post(server.url + "/v1/chat/completions", json=body, timeout=300)
+    r.raise_for_status()
+    text = r.json()["choices"][0]["message"]["content"]
+    assert isinstance(text, str) and text
+    streamed = _stream_text(server.url + "/v1/chat/completions", body,
+                            lambda c: c.get("delta", {}).get("content") or "")
+    assert streamed == text
+
+
+def _stream_text(url, body, piece):
+    out = []
+    with requests.post(url, json={**body, "stream": True}, stream=True, timeout=300) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line or not line.startswith(b"data:"):
+                continue
+            data = line[len(b"data:"):].strip()
+            if data == b"[DONE]":
+                break
+            for choice in json.loads(data).get("choices", []):
+                out.append(piece(choice))
+    return "".join(out)
+
+
+def test_frontend_program(server, plain_outputs, prompts):
+    from sglang_dflash import cpu_runtime
+
+    if not cpu_runtime.cuda_available():
+        cpu_runtime.activate()  # importing sglang needs the sgl_kernel stand-in here
+    import sglang as sgl
+
+    @sgl.function
+    def complete(s, prompt):
+        s += prompt
+        s += sgl.gen("answer", max_tokens=MAX_NEW, temperature=0)
+
+    backend = sgl.RuntimeEndpoint(server.url)
+    state = complete.run(prompt=prompts[3], backend=backend)
+    assert state["answer"] == plain_outputs[3]["text"]
+
+
+@pytest.mark.parametrize("bad", [{"temperature": -1.0}, {"top_p": 0.0}, {"max_new_tokens": -5}, {"top_k": -7}])
+def test_invalid_sampling_params_get_4xx_and_server_keeps_serving(server, prompts, plain_outputs, bad):
+    r = requests.post(server.url + "/generate",
+                      json={"text": prompts[0], "sampling_params": {"max_new_tokens": 8, **bad}}, timeout=120)
+    assert 400 <= r.status_code < 500, (r.status_code, r.text)
+    assert _generate(server, prompts[4])["output_ids"] == plain_outputs[4]["output_ids"]

@@ -1,0 +1,58 @@
+"""A broken drafter checkpoint stops `python -m sglang.launch_server` at start-up
+with a message naming the problem (upstream would zero-fill and serve).
+
+Uses the plain documented CPU command (the `sglang-dflash cpu-env` exports)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from harness import PATHS, TARGET, free_port
+from sglang_dflash import cpu_runtime
+
+
+def _broken_copy(tmp_path, edit_config=None, drop_weight=None):
+    dst = tmp_path / "drafter"
+    shutil.copytree(PATHS["drafter-random"], dst)
+    if edit_config:
+        cfg = json.loads((dst / "config.json").read_text())
+        edit_config(cfg)
+        (dst / "config.json").write_text(json.dumps(cfg))
+    if drop_weight:
+        weights = load_file(str(dst / "model.safetensors"))
+        del weights[drop_weight]
+        save_file(weights, str(dst / "model.safetensors"))
+    return str(dst)
+
+
+def _launch(drafter):
+    env = os.environ.copy()
+    if not cpu_runtime.cuda_available():
+        env = cpu_runtime.cpu_env(env)
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", TARGET,
+           "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drafter,
+           "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
+           "--port", str(free_port()), "--max-total-tokens", "4096"]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+CASES = {
+    "missing_weight": (dict(drop_weight="fc.weight"), "fc.weight"),
+    "wrong_hidden_size": (dict(edit_config=lambda c: c.update(hidden_size=c["hidden_size"] * 2)), "hidden_size"),
+    "vocab_mismatch": (dict(edit_config=lambda c: c.update(vocab_size=c["vocab_size"] + 7)), "vocab"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_broken_drafter_fails_startup(tmp_path, case):
+    kwargs, needle = CASES[case]
+    proc = _launch(_broken_copy(tmp_path, **kwargs))
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    assert "invalid DFlash drafter" in output or "drafter config" in output, output[-3000:]
+    assert needle in output, output[-3000:]
