@@ -1,0 +1,692 @@
+"""Speculation policy: pick the verify width W for each decode step.
+
+Every decode step the worker asks `SpeculationPolicy.choose_width(bs)` for a
+verify width W in the candidate set (default {0, ..., B-1}, B = block size).
+The drafter always proposes B-1 drafts; the target verifies the anchor plus the
+first W drafts (W+1 tokens per request). W = 0 is plain decode: the drafter is
+not run and the step costs one plain decode token per request.
+
+Objective: committed tokens per second for the whole batch,
+
+    thr(W) = bs * E(W) / t(bs, W),     E(W) = 1 + sum_{k=1..W} prod_{j=1..k} a_j
+
+with a_j the conditional acceptance rate of draft j given drafts 1..j-1 were
+accepted (vocabulary: `accept_len` = accepted drafts, `commit_len` =
+accept_len + 1 including the bonus; E(W) is the expected commit_len).
+
+* `AcceptanceStats` keeps a_j online from host-side accept lengths. Each
+  position holds a (mean, weight) pair; every step the weights decay by the
+  half-life but never below `min_weight`, so a position that is not reached
+  (W < j, or speculation off) keeps its last estimate while fresh observations,
+  e.g. from a probe, quickly outweigh it.
+* `CostModel` is profiled at start-up and corrected online (form below).
+* `SpeculationPolicy` takes the argmax with hysteresis (margin + patience, an
+  immediate switch only for a large gain) and probes: while off, every
+  `probe_interval` steps one step runs at `probe_width`; while on, one step
+  runs alternately one candidate wider (the rate of the first unverified
+  position stays fresh) and one narrower (the neighbouring cost cell is
+  measured, not only extrapolated). Why hysteresis: a hard threshold without it
+  collapsed a public implementation at its switch point (vLLM #49548,
+  dflash.md section 9.2).
+
+Worker integration (host side, once per decode step):
+
+    w = policy.choose_width(bs)            # before drafting; same w on all DP ranks
+    ... w == 0: plain decode, no drafter; else draft B-1, verify anchor + w ...
+    policy.observe_verify(w, accept_lens, seconds, bs)   # or observe_plain(seconds, bs)
+
+`accept_lens` are accepted drafts per request (SGLang's per-request
+`accept_lens` count the bonus too: subtract 1); `seconds` is the step time
+measured the same way as the start-up profile, or None for a step that is not
+pure decode (mixed with prefill) so it does not train the cost model.
+
+Mixed batches. SGLang's TARGET_VERIFY layout verifies a fixed number of tokens
+per request, so the policy picks ONE width per step for the whole batch. Pooled
+conditional rates already give the population-mean survival (the product of
+pooled a_j telescopes to the fraction of requests accepting >= k drafts), so
+bs * E(W) is the batch's expected commit. Per-request truncation of the
+verified prefix (verify W_i tokens for request i) would be the better design
+where the attention layout allows ragged verify. When request ids are passed,
+per-request rates (blended with the batch rates as a prior) make the decision
+follow the current batch composition, and `snapshot()["dragging_requests"]`
+reports which requests drag the batch.
+
+Everything here is host-side stdlib arithmetic: `choose_width` is O(|widths|)
+(O(bs * B) only when per-request ids are passed), and no function touches a
+device tensor, so no call forces a device sync.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from numbers import Integral, Real
+from typing import Any
+
+MODES = ("adaptive", "fixed", "on", "off")
+_PREFIX = "speculation policy: "
+
+
+def _fail(message: str) -> ValueError:
+    return ValueError(_PREFIX + message)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def _require(ok: bool, key: str, value: Any, rule: str) -> None:
+    if not ok:
+        raise _fail(f"{key} = {value!r} {rule}")
+
+
+# ---------------------------------------------------------------------------
+# Config
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """Knobs of the speculation policy (fed from a JSON server argument).
+
+    Widths are verify widths W (drafts verified per request); block-size
+    dependent checks (W <= B-1) happen in `SpeculationPolicy.__init__`.
+    """
+
+    mode: str = "adaptive"  # adaptive | fixed (fixed_width) | on (B-1) | off (0)
+    fixed_width: int | None = None  # required iff mode == "fixed"
+    widths: tuple[int, ...] | None = None  # candidate W (captured graphs); None = 0..B-1
+    switch_margin: float = 0.05  # candidate must beat the current width by this fraction
+    switch_patience: int = 4  # ... for this many consecutive steps
+    urgent_margin: float = 0.30  # ... or by this much once (e.g. a load burst)
+    probe_interval: int = 50  # steps between probes; 0 disables probing
+    probe_width: int = 2  # W of an off-state probe (largest candidate <= this)
+    acceptance_half_life: float = 50.0  # steps; math.inf = no decay
+    min_weight: float = 4.0  # floor of a position's decayed weight; also the prior's weight
+    prior_rate: float = 0.7  # a_j before any observation
+    request_prior_weight: float = 8.0  # pseudo-observations of batch rates in per-request rates
+    max_tracked_requests: int = 4096  # oldest per-request stats evicted beyond this
+    cost_ema: float = 0.1  # EMA factor of the online (log) cost correction
+    cost_prior_weight: float = 4.0  # observations before a (bs bucket, W) cell outweighs global
+    cost_outlier_ratio: float = 3.0  # clip measured/predicted step time to [1/r, r]
+    pad_batch_to_profile: bool = False  # cost of bs = cost of the next profiled bs (graph padding)
+
+    def __post_init__(self) -> None:
+        if self.widths is not None:
+            object.__setattr__(self, "widths", tuple(self.widths))
+        _check_modes(self)
+        _check_hysteresis(self)
+        _check_estimators(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PolicyConfig:
+        """Build from a JSON-like dict; unknown keys raise `ValueError` naming them."""
+        if not isinstance(d, Mapping):
+            raise _fail(f"config must be a JSON object, got {type(d).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise _fail(f"unknown config key(s) {unknown}; known keys: {sorted(known)}")
+        return cls(**dict(d))
+
+
+def _check_modes(c: PolicyConfig) -> None:
+    _require(c.mode in MODES, "mode", c.mode, f"must be one of {list(MODES)}")
+    if c.mode == "fixed":
+        _require(_is_int(c.fixed_width) and c.fixed_width >= 0, "fixed_width", c.fixed_width,
+                 "must be an int >= 0 when mode = 'fixed'")
+    else:
+        _require(c.fixed_width is None, "fixed_width", c.fixed_width,
+                 f"is only used with mode = 'fixed' (mode is {c.mode!r})")
+    if c.widths is not None:
+        w = c.widths
+        _require(len(w) > 0 and all(_is_int(x) and x >= 0 for x in w), "widths", list(w),
+                 "must be a non-empty list of ints >= 0")
+        _require(list(w) == sorted(set(w)), "widths", list(w), "must be strictly increasing")
+
+
+def _check_hysteresis(c: PolicyConfig) -> None:
+    _require(_is_real(c.switch_margin) and 0 <= c.switch_margin < 1, "switch_margin",
+             c.switch_margin, "must be a number in [0, 1)")
+    _require(_is_real(c.urgent_margin) and c.urgent_margin >= c.switch_margin, "urgent_margin",
+             c.urgent_margin, f"must be a number >= switch_margin = {c.switch_margin}")
+    _require(_is_int(c.switch_patience) and c.switch_patience >= 1, "switch_patience",
+             c.switch_patience, "must be an int >= 1")
+    _require(_is_int(c.probe_interval) and c.probe_interval >= 0, "probe_interval",
+             c.probe_interval, "must be an int >= 0 (0 disables probing)")
+    _require(_is_int(c.probe_width) and c.probe_width >= 1, "probe_width", c.probe_width,
+             "must be an int >= 1")
+
+
+def _check_estimators(c: PolicyConfig) -> None:
+    _require(_is_real(c.acceptance_half_life) and c.acceptance_half_life > 0,
+             "acceptance_half_life", c.acceptance_half_life,
+             "must be a number > 0 (inf = no decay)")
+    for key in ("min_weight", "request_prior_weight", "cost_prior_weight"):
+        value = getattr(c, key)
+        _require(_is_real(value) and math.isfinite(value) and value > 0, key, value,
+                 "must be a finite number > 0")
+    _require(_is_real(c.prior_rate) and 0 <= c.prior_rate <= 1, "prior_rate", c.prior_rate,
+             "must be a number in [0, 1]")
+    _require(_is_int(c.max_tracked_requests) and c.max_tracked_requests >= 1,
+             "max_tracked_requests", c.max_tracked_requests, "must be an int >= 1")
+    _require(_is_real(c.cost_ema) and 0 < c.cost_ema <= 1, "cost_ema", c.cost_ema,
+             "must be a number in (0, 1]")
+    _require(_is_real(c.cost_outlier_ratio) and math.isfinite(c.cost_outlier_ratio)
+             and c.cost_outlier_ratio > 1, "cost_outlier_ratio", c.cost_outlier_ratio,
+             "must be a finite number > 1")
+    _require(isinstance(c.pad_batch_to_profile, bool), "pad_batch_to_profile",
+             c.pad_batch_to_profile, "must be a bool")
+
+
+# ---------------------------------------------------------------------------
+# Acceptance
+# ---------------------------------------------------------------------------
+
+
+def expected_commits(rates: Sequence[float]) -> list[float]:
+    """E(W) for W = 0..len(rates): 1 + sum_{k<=W} prod_{j<=k} a_j, in O(len(rates))."""
+    out = [1.0]
+    survival = 1.0
+    for a in rates:
+        survival *= a
+        out.append(out[-1] + survival)
+    return out
+
+
+def _position_counts(width: int, accept_lens: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(reached_j, accepted_j) for j = 1..width from accept lengths in [0, width].
+
+    A request with accept_len a < width reaches positions 1..a+1 (rejected at
+    a+1); a == width reaches 1..width, all accepted. O(bs + width).
+    """
+    hist = [0] * (width + 1)
+    for i, a in enumerate(accept_lens):
+        if not (_is_int(a) and 0 <= a <= width):
+            raise _fail(f"accept_lens[{i}] = {a!r} must be an int in [0, width = {width}]")
+        hist[a] += 1
+    reached, accepted = [0] * width, [0] * width
+    at_least = 0  # requests with accept_len >= j
+    for j in range(width, 0, -1):
+        at_least += hist[j]
+        accepted[j - 1] = at_least
+        reached[j - 1] = at_least + hist[j - 1]
+    return reached, accepted
+
+
+class AcceptanceStats:
+    """Online per-position conditional acceptance rates a_1..a_{B-1}.
+
+    Invariants: `len(mean) == len(weight) == num_positions`; 0 <= mean_j <= 1;
+    weight_j >= min_weight. Each step multiplies every weight by
+    d = 2^(-1/half_life) (floored at `min_weight`), then merges that step's
+    counts: mean_j <- (mean_j * w_j + accepted_j) / (w_j + reached_j). Without
+    decay this is the pooled ratio accepted/reached plus `min_weight`
+    pseudo-observations of `prior_rate`, so its bias vanishes as O(1/n).
+    """
+
+    def __init__(self, num_positions: int, half_life: float = math.inf,
+                 prior_rate: float = 0.7, min_weight: float = 4.0) -> None:
+        if not (_is_int(num_positions) and num_positions >= 1):
+            raise _fail(f"num_positions = {num_positions!r} must be an int >= 1")
+        self.decay = 0.5 ** (1.0 / half_life)
+        self.min_weight = float(min_weight)
+        self.mean = [float(prior_rate)] * num_positions
+        self.weight = [self.min_weight] * num_positions
+
+    def tick(self) -> None:
+        """Age the estimates by one step (a step without a verify)."""
+        if self.decay < 1.0:
+            d, floor = self.decay, self.min_weight
+            self.weight = [max(w * d, floor) for w in self.weight]
+
+    def observe(self, width: int, accept_lens: Sequence[int]) -> None:
+        """Merge one verify step: `accept_lens[i]` drafts of request i accepted (0..width)."""
+        if not (_is_int(width) and 0 <= width <= len(self.mean)):
+            raise _fail(f"width = {width!r} must be an int in [0, {len(self.mean)}]")
+        self.tick()
+        reached, accepted = _position_counts(width, accept_lens)
+        for j in range(width):
+            if reached[j]:
+                w = self.weight[j]
+                self.mean[j] = (self.mean[j] * w + accepted[j]) / (w + reached[j])
+                self.weight[j] = w + reached[j]
+
+    def rates(self) -> list[float]:
+        """a_1..a_{B-1}."""
+        return list(self.mean)
+
+    def expected_commit(self, width: int) -> float:
+        """E(width): expected committed tokens per request, bonus included."""
+        return expected_commits(self.mean[:width])[-1]
+
+
+class _RequestStats:
+    """Raw (undecayed) per-request counts; requests are short-lived."""
+
+    __slots__ = ("accepted", "reached")
+
+    def __init__(self, num_positions: int) -> None:
+        self.reached = [0] * num_positions
+        self.accepted = [0] * num_positions
+
+    def add(self, width: int, accept_len: int) -> None:
+        for j in range(min(accept_len + 1, width)):
+            self.reached[j] += 1
+        for j in range(accept_len):
+            self.accepted[j] += 1
+
+    def rates(self, prior: Sequence[float], prior_weight: float) -> list[float]:
+        """Per-request a_j shrunk toward the batch rates (`prior_weight` pseudo-counts)."""
+        return [(acc + prior_weight * p) / (n + prior_weight)
+                for acc, n, p in zip(self.accepted, self.reached, prior)]
+
+
+# ---------------------------------------------------------------------------
+# Step cost
+# ---------------------------------------------------------------------------
+
+
+class _Curve:
+    """Monotone piecewise-linear y(x) through per-x averaged knots.
+
+    Knot values are made non-decreasing by a running max (a larger batch never
+    costs less). Below the first knot the curve is flat (fixed overheads
+    dominate tiny batches); above the last it continues with the last
+    segment's slope, or proportionally to x with a single knot.
+    """
+
+    __slots__ = ("xs", "ys")
+
+    def __init__(self, points: Iterable[tuple[float, float]]) -> None:
+        groups: dict[float, list[float]] = {}
+        for x, y in points:
+            groups.setdefault(float(x), []).append(float(y))
+        self.xs = sorted(groups)
+        self.ys, running = [], 0.0
+        for x in self.xs:
+            running = max(running, math.fsum(groups[x]) / len(groups[x]))
+            self.ys.append(running)
+
+    def __call__(self, x: float) -> float:
+        xs, ys = self.xs, self.ys
+        if x <= xs[0]:
+            return ys[0]
+        if x >= xs[-1]:
+            if len(xs) == 1:
+                return ys[0] * x / xs[0]
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+            return ys[-1] + slope * (x - xs[-1])
+        i = bisect_right(xs, x)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def _parse_sample(i: int, s: Any) -> tuple[int, int, bool, float]:
+    try:
+        bs, q, drafted, sec = s
+    except (TypeError, ValueError):
+        raise _fail(f"profile sample {i} = {s!r} must be (bs, tokens_per_request, drafted, "
+                    "seconds)") from None
+    ok = (_is_int(bs) and bs >= 1 and _is_int(q) and q >= 1 and isinstance(drafted, bool)
+          and _is_real(sec) and math.isfinite(sec) and sec > 0)
+    if not ok:
+        raise _fail(f"profile sample {i} = {s!r}: need int bs >= 1, int tokens_per_request "
+                    ">= 1, bool drafted, finite seconds > 0")
+    return int(bs), int(q), drafted, float(sec)
+
+
+class CostModel:
+    """Seconds of one decode step: t(bs, W) = [V(bs, W+1) + 1{W>0} D(bs)] * c(bs, W).
+
+    * V(bs, q), the target forward at q tokens per request, is a table
+      interpolation of the undrafted profile samples: one monotone
+      piecewise-linear curve in bs per profiled q, linearly interpolated between
+      profiled q (on running-max values, so V is non-decreasing in q). Outside
+      the profiled q range it assumes cost depends on total tokens bs*q:
+      V(bs, q) = V_{q0}(bs * q / q0) for the nearest profiled q0. A profile with
+      only q = 1 therefore is piecewise-linear in total tokens.
+    * D(bs), the drafter forward (roughly proportional to bs, independent of W
+      since it always drafts the full block), is a monotone piecewise-linear
+      curve of the drafted samples' residuals seconds - V(bs, q), clamped >= 0.
+    * c(bs, W) is an online multiplicative correction learned in log space: a
+      global EMA over all steps, plus an EMA per (bs bucket = bs.bit_length(),
+      W) cell blended with the global one by n / (n + prior_weight), so an
+      unobserved cell falls back to the device-wide factor (a uniformly slower
+      device is learned from any steps) and an observed one to its own.
+
+    With `pad_batch=True` a batch size is first rounded up to the next profiled
+    batch size (unchanged beyond the largest): when the profile holds exactly
+    the captured CUDA-graph sizes, this is the padding a replay really pays,
+    where linear interpolation between sizes would be optimistic.
+    """
+
+    def __init__(self, verify: Mapping[int, _Curve], draft: _Curve, *, ema: float = 0.1,
+                 prior_weight: float = 4.0, outlier_ratio: float = 3.0,
+                 pad_batch: bool = False) -> None:
+        self._qs = sorted(verify)
+        self._verify = [verify[q] for q in self._qs]
+        self._draft = draft
+        self._padded_sizes = sorted({int(x) for c in self._verify for x in c.xs}
+                                    | {int(x) for x in draft.xs}) if pad_batch else []
+        self.ema = float(ema)
+        self.prior_weight = float(prior_weight)
+        self._clip = math.log(outlier_ratio)
+        self._base_cache: dict[tuple[int, int], float] = {}
+        self._global_log = 0.0
+        self._cells: dict[tuple[int, int], list[float]] = {}  # (bucket, W) -> [log c, n]
+
+    @classmethod
+    def from_profile(cls, samples: Iterable[Any], **options: Any) -> CostModel:
+        """Fit from measured `(bs, tokens_per_request, drafted, seconds)` samples.
+
+        Needs at least one undrafted and one drafted sample. Best: undrafted
+        samples at every candidate q = W+1 for several batch sizes (e.g. the
+        captured CUDA-graph sizes), and drafted ones at those batch sizes.
+        `options` takes the keyword arguments `ema`, `prior_weight`,
+        `outlier_ratio`, `pad_batch`.
+        """
+        parsed = [_parse_sample(i, s) for i, s in enumerate(samples)]
+        plain: dict[int, list[tuple[int, float]]] = {}
+        for bs, q, drafted, sec in parsed:
+            if not drafted:
+                plain.setdefault(q, []).append((bs, sec))
+        if not plain or all(not p[2] for p in parsed):
+            raise _fail("cost profile needs at least one undrafted and one drafted sample "
+                        "(the draft term is their difference)")
+        verify = {q: _Curve(pts) for q, pts in plain.items()}
+        fit = cls(verify, _Curve([(1, 0.0)]))  # residuals at the samples' own bs: no padding
+        draft = _Curve([(bs, max(sec - fit._verify_cost(bs, q), 0.0))
+                        for bs, q, drafted, sec in parsed if drafted])
+        return cls(verify, draft, **options)
+
+    def _verify_cost(self, bs: int, q: int) -> float:
+        qs, curves = self._qs, self._verify
+        if q <= qs[0]:
+            return curves[0](bs * q / qs[0])
+        running = curves[0](bs)
+        for k in range(1, len(qs)):
+            value = max(running, curves[k](bs))
+            if q <= qs[k]:
+                lam = (q - qs[k - 1]) / (qs[k] - qs[k - 1])
+                return running + lam * (value - running)
+            running = value
+        return max(running, curves[-1](bs * q / qs[-1]))
+
+    def base(self, bs: int, width: int) -> float:
+        """Profiled seconds (no online correction); cached per (bs, W)."""
+        key = (bs, width)
+        t = self._base_cache.get(key)
+        if t is None:
+            sizes = self._padded_sizes
+            if sizes and bs < sizes[-1]:
+                bs = sizes[bisect_right(sizes, bs - 1)]  # smallest profiled size >= bs
+            t = self._verify_cost(bs, width + 1) + (self._draft(bs) if width > 0 else 0.0)
+            if len(self._base_cache) > 65536:  # NOTE: bounded; bs values are few in practice
+                self._base_cache.clear()
+            self._base_cache[key] = t = max(t, 1e-9)
+        return t
+
+    def _log_correction(self, bs: int, width: int) -> float:
+        cell = self._cells.get((bs.bit_length(), width))
+        if cell is None:
+            return self._global_log
+        lam = cell[1] / (cell[1] + self.prior_weight)
+        return lam * cell[0] + (1.0 - lam) * self._global_log
+
+    def correction(self, bs: int, width: int) -> float:
+        """Current multiplicative correction c(bs, W)."""
+        return math.exp(self._log_correction(bs, width))
+
+    def predict(self, bs: int, width: int) -> float:
+        """Predicted seconds of one step at batch size bs and verify width W."""
+        return self.base(bs, width) * math.exp(self._log_correction(bs, width))
+
+    def observe(self, bs: int, width: int, seconds: float) -> None:
+        """Learn from one measured pure decode step (outliers clipped to the ratio bound)."""
+        if not (_is_real(seconds) and math.isfinite(seconds) and seconds > 0):
+            raise _fail(f"step_seconds = {seconds!r} must be a finite number > 0")
+        base_log = math.log(seconds / self.base(bs, width))
+        pred = self._log_correction(bs, width)
+        x = min(max(base_log, pred - self._clip), pred + self._clip)
+        cell = self._cells.setdefault((bs.bit_length(), width), [self._global_log, 0.0])
+        self._global_log += self.ema * (x - self._global_log)
+        cell[0] += self.ema * (x - cell[0])
+        cell[1] += 1.0
+
+    def snapshot(self) -> dict:
+        """JSON-serializable correction state."""
+        cells = {f"bucket{b}/w{w}": round(math.exp(c[0]), 4)
+                 for (b, w), c in sorted(self._cells.items())}
+        return {"global_correction": round(math.exp(self._global_log), 4), "cells": cells}
+
+
+# ---------------------------------------------------------------------------
+# Policy
+# ---------------------------------------------------------------------------
+
+
+def best_width_bruteforce(rates: Sequence[float], cost_fn: Callable[[int, int], float],
+                          batch_size: int, max_width: int) -> int:
+    """Reference argmax_W bs * E(W) / cost_fn(bs, W) by direct enumeration (ties: smaller W)."""
+    best, best_thr = 0, -1.0
+    for w in range(max_width + 1):
+        e = 1.0 + sum(math.prod(rates[:k]) for k in range(1, w + 1))
+        thr = batch_size * e / cost_fn(batch_size, w)
+        if thr > best_thr * (1 + 1e-12):
+            best, best_thr = w, thr
+    return best
+
+
+class SpeculationPolicy:
+    """Chooses the verify width per decode step; see the module docstring.
+
+    Invariants: `width` (the decided width) is a candidate; a probe changes
+    only the width returned for that one step, never `width`; `switches`
+    counts changes of `width` only.
+    """
+
+    def __init__(self, cfg: PolicyConfig, block_size: int,
+                 cost_model: CostModel | None = None) -> None:
+        if not (_is_int(block_size) and block_size >= 2):
+            raise _fail(f"block_size = {block_size!r} must be an int >= 2")
+        top = block_size - 1
+        self.cfg, self.block_size = cfg, block_size
+        self.widths = tuple(cfg.widths) if cfg.widths is not None else tuple(range(block_size))
+        _require(self.widths[-1] <= top, "widths", list(self.widths),
+                 f"must be <= block_size - 1 = {top}")
+        if cfg.mode == "fixed":
+            _require(cfg.fixed_width <= top, "fixed_width", cfg.fixed_width,
+                     f"must be <= block_size - 1 = {top}")
+        if cfg.mode == "adaptive" and cost_model is None:
+            raise _fail("mode 'adaptive' needs a CostModel (CostModel.from_profile)")
+        self.cost = cost_model
+        self.stats = AcceptanceStats(top, cfg.acceptance_half_life, cfg.prior_rate,
+                                     cfg.min_weight)
+        positive = [w for w in self.widths if w > 0]
+        below = [w for w in positive if w <= cfg.probe_width]
+        # The probe runs at the largest candidate <= probe_width (smallest positive if none).
+        self.probe_width = below[-1] if below else (positive[0] if positive else 0)
+        self.width = {"fixed": cfg.fixed_width, "on": top, "off": 0}.get(cfg.mode)
+        self.last_width, self.last_batch_size = 0, 0
+        self.steps = self.spec_steps = self.probe_steps = self.switches = 0
+        self._streak = 0  # consecutive steps a switch was wanted
+        self._since_probe = 0  # steps since the last probe or switch
+        self._probe_down = False  # direction of the next probe while on
+        self._requests: dict[Hashable, _RequestStats] = {}
+
+    @classmethod
+    def from_profile(cls, cfg: PolicyConfig, block_size: int,
+                     samples: Iterable[Any]) -> SpeculationPolicy:
+        """Policy with a `CostModel` fitted from start-up profile samples and cfg's knobs."""
+        cost = CostModel.from_profile(samples, ema=cfg.cost_ema,
+                                      prior_weight=cfg.cost_prior_weight,
+                                      outlier_ratio=cfg.cost_outlier_ratio,
+                                      pad_batch=cfg.pad_batch_to_profile)
+        return cls(cfg, block_size, cost)
+
+    # -- decision ---------------------------------------------------------
+
+    def throughputs(self, batch_size: int,
+                    request_ids: Sequence[Hashable] | None = None) -> list[float]:
+        """Predicted committed tokens/s for each candidate width (order of `widths`)."""
+        if self.cost is None:
+            raise _fail("throughputs need a CostModel")
+        if request_ids is not None and self._requests:
+            commit = self._batch_commits(request_ids)
+        else:
+            commit = [batch_size * e for e in expected_commits(self.stats.mean)]
+        return [commit[w] / self.cost.predict(batch_size, w) for w in self.widths]
+
+    def _batch_commits(self, request_ids: Sequence[Hashable]) -> list[float]:
+        """sum_i E_i(W) with per-request rates (batch rates for unseen requests)."""
+        batch = self.stats.mean
+        total = [0.0] * (len(batch) + 1)
+        k = self.cfg.request_prior_weight
+        for rid in request_ids:
+            r = self._requests.get(rid)
+            e = expected_commits(batch if r is None else r.rates(batch, k))
+            for w in range(len(total)):
+                total[w] += e[w]
+        return total
+
+    def choose_width(self, batch_size: int,
+                     request_ids: Sequence[Hashable] | None = None) -> int:
+        """Verify width for this step. `batch_size` = requests in the decode batch."""
+        if not (_is_int(batch_size) and batch_size >= 1):
+            raise _fail(f"batch_size = {batch_size!r} must be an int >= 1")
+        w = self.width
+        if self.cfg.mode == "adaptive":
+            thr = self.throughputs(batch_size, request_ids)
+            self._decide(thr)
+            w = self._maybe_probe()
+        self.steps += 1
+        self.spec_steps += w > 0
+        self.last_width, self.last_batch_size = w, batch_size
+        return w
+
+    def _decide(self, thr: list[float]) -> None:
+        best = max(range(len(thr)), key=thr.__getitem__)  # first max: ties go to smaller W
+        if self.width is None:  # cold start: take the model's argmax
+            self.width = self.widths[best]
+            return
+        cur = self.widths.index(self.width)
+        gain = thr[best] / thr[cur] - 1.0
+        if best == cur or gain <= self.cfg.switch_margin:
+            self._streak = 0
+            return
+        self._streak += 1
+        if self._streak >= self.cfg.switch_patience or gain >= self.cfg.urgent_margin:
+            self.width = self.widths[best]
+            self.switches += 1
+            self._streak = self._since_probe = 0
+
+    def _maybe_probe(self) -> int:
+        """Once every `probe_interval` steps run one step at another width.
+
+        Off (W = 0): at `probe_width`, so the policy notices when speculation
+        pays again. On: alternately one candidate wider (so the rate of the
+        first unverified position does not stay stale forever) and one
+        narrower (so the cost cell next to the current width is measured, not
+        only extrapolated from the profile); at the ends only the inner one.
+        """
+        self._since_probe += 1
+        interval = self.cfg.probe_interval
+        if interval == 0 or self._since_probe < interval or len(self.widths) == 1:
+            return self.width
+        self._since_probe = 0
+        i = self.widths.index(self.width)
+        if self.width == 0:
+            probe = self.probe_width
+        else:
+            self._probe_down = not self._probe_down
+            down = (self._probe_down and i > 0) or i == len(self.widths) - 1
+            probe = self.widths[i - 1] if down else self.widths[i + 1]
+        self.probe_steps += probe != self.width
+        return probe
+
+    # -- feedback ---------------------------------------------------------
+
+    def observe_verify(self, width: int, accept_lens: Sequence[int],
+                       step_seconds: float | None, batch_size: int,
+                       request_ids: Sequence[Hashable] | None = None) -> None:
+        """Feed back one executed step at verify width `width` (host-side lists only).
+
+        accept_lens[i]: accepted drafts of request i (0..width), bonus EXCLUDED.
+        step_seconds: measured step time, or None when it is not a pure decode
+        step (e.g. mixed with prefill) and must not train the cost model.
+        """
+        if len(accept_lens) != batch_size:
+            raise _fail(f"len(accept_lens) = {len(accept_lens)} != batch_size = {batch_size}")
+        if width == 0:
+            if any(accept_lens):
+                raise _fail("accept_lens must be all 0 at width 0")
+            self.observe_plain(step_seconds, batch_size)
+            return
+        self.stats.observe(width, accept_lens)
+        if request_ids is not None:
+            self._observe_requests(width, accept_lens, request_ids)
+        if step_seconds is not None and self.cost is not None:
+            self.cost.observe(batch_size, width, step_seconds)
+
+    def observe_plain(self, step_seconds: float | None, batch_size: int) -> None:
+        """Feed back one plain decode step (W = 0: no drafter, anchor only)."""
+        self.stats.tick()
+        if step_seconds is not None and self.cost is not None:
+            self.cost.observe(batch_size, 0, step_seconds)
+
+    def _observe_requests(self, width: int, accept_lens: Sequence[int],
+                          request_ids: Sequence[Hashable]) -> None:
+        if len(request_ids) != len(accept_lens):
+            raise _fail(f"len(request_ids) = {len(request_ids)} != "
+                        f"len(accept_lens) = {len(accept_lens)}")
+        n = len(self.stats.mean)
+        for rid, a in zip(request_ids, accept_lens):
+            r = self._requests.get(rid)
+            if r is None:
+                while len(self._requests) >= self.cfg.max_tracked_requests:
+                    del self._requests[next(iter(self._requests))]  # oldest first
+                r = self._requests[rid] = _RequestStats(n)
+            r.add(width, a)
+
+    def release_request(self, rid: Hashable) -> None:
+        """Forget a finished request's stats."""
+        self._requests.pop(rid, None)
+
+    # -- metrics ----------------------------------------------------------
+
+    def snapshot(self) -> dict:
+        """JSON-serializable state for metrics and logs."""
+        bs = self.last_batch_size
+        table = None
+        if self.cost is not None and bs > 0:
+            table = {str(w): round(t, 2) for w, t in zip(self.widths, self.throughputs(bs))}
+        commits = expected_commits(self.stats.mean)
+        return {
+            "mode": self.cfg.mode, "block_size": self.block_size, "widths": list(self.widths),
+            "width": self.width, "last_width": self.last_width, "batch_size": bs,
+            "steps": self.steps, "spec_steps": self.spec_steps,
+            "spec_fraction": self.spec_steps / self.steps if self.steps else 0.0,
+            "probe_steps": self.probe_steps, "switches": self.switches,
+            "acceptance_rates": [round(a, 4) for a in self.stats.mean],
+            "acceptance_weights": [round(w, 1) for w in self.stats.weight],
+            "expected_commit": [round(e, 4) for e in commits],
+            "predicted_tokens_per_s": table,
+            "cost": self.cost.snapshot() if self.cost is not None else None,
+            "dragging_requests": self._dragging(),
+        }
+
+    def _dragging(self, limit: int = 4) -> list[dict]:
+        """Tracked requests with the lowest expected commit at the top width."""
+        batch, k = self.stats.mean, self.cfg.request_prior_weight
+        rows = [(expected_commits(r.rates(batch, k))[-1], str(rid), r.reached[0])
+                for rid, r in self._requests.items()]
+        rows.sort()
+        return [{"request": rid, "expected_commit": round(e, 3), "verifies": n}
+                for e, rid, n in rows[:limit]]

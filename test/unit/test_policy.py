@@ -1,0 +1,377 @@
+"""Speculation policy: synthetic acceptance and step cost, no SGLang, no torch.
+
+The simulator draws accept lengths from true per-position conditional rates and
+step times from a true cost (target verify: flat until 64 tokens, then linear
+in total tokens, i.e. memory- then compute-bound; drafter: affine in bs) with
+optional multiplicative noise, and feeds them back exactly as the worker does.
+"""
+
+import itertools
+import json
+import math
+import random
+import time
+
+import pytest
+from sglang_dflash.policy import (
+    AcceptanceStats,
+    CostModel,
+    PolicyConfig,
+    SpeculationPolicy,
+    best_width_bruteforce,
+    expected_commits,
+)
+
+B = 8
+PROFILE_BS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def true_verify(bs, q):
+    return 0.010 + 0.0002 * max(0, bs * q - 64)
+
+
+def true_draft(bs):
+    return 0.002 + 0.00005 * bs
+
+
+def true_cost(bs, w):
+    return true_verify(bs, w + 1) + (true_draft(bs) if w > 0 else 0.0)
+
+
+def profile(qs=range(1, B + 1), scale=1.0):
+    samples = [(bs, q, False, scale * true_verify(bs, q)) for bs in PROFILE_BS for q in qs]
+    samples += [(bs, B, True, scale * true_cost(bs, B - 1)) for bs in PROFILE_BS]
+    return samples
+
+
+def true_thr(rates, bs, w):
+    return bs * expected_commits(rates[:w])[-1] / true_cost(bs, w)
+
+
+def make_policy(**overrides):
+    return SpeculationPolicy.from_profile(PolicyConfig(**overrides), B, profile())
+
+
+def sample_accept(rng, rates, width):
+    a = 0
+    while a < width and rng.random() < rates[a]:
+        a += 1
+    return a
+
+
+def run(policy, rates, bs, steps, rng, noise=0.0):
+    """Simulate `steps` decode steps; returns the executed widths."""
+    executed = []
+    for _ in range(steps):
+        w = policy.choose_width(bs)
+        seconds = true_cost(bs, w) * (1.0 + noise * rng.uniform(-1.0, 1.0))
+        if w == 0:
+            policy.observe_plain(seconds, bs)
+        else:
+            lens = [sample_accept(rng, rates, w) for _ in range(bs)]
+            policy.observe_verify(w, lens, seconds, bs)
+        executed.append(w)
+    return executed
+
+
+def uniform_rate_at_threshold(bs):
+    """Uniform a_j such that the best W > 0 ties with plain decode at this bs."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        a = (lo + hi) / 2
+        rates = [a] * (B - 1)
+        best_on = max(true_thr(rates, bs, w) for w in range(1, B))
+        lo, hi = (a, hi) if best_on < true_thr(rates, bs, 0) else (lo, a)
+    return (lo + hi) / 2
+
+
+# ---------------------------------------------------------------------------
+# Decision
+# ---------------------------------------------------------------------------
+
+
+def test_turns_off_under_load_and_back_on_when_load_drops():
+    rng = random.Random(0)
+    policy = make_policy(probe_interval=20)
+    run(policy, [0.8] * 7, 2, 200, rng)
+    assert policy.width == best_width_bruteforce([0.8] * 7, true_cost, 2, B - 1) == 7
+    # High load, low acceptance: every W > 0 costs more than it commits.
+    assert best_width_bruteforce([0.4] * 7, true_cost, 128, B - 1) == 0
+    executed = run(policy, [0.4] * 7, 128, 300, rng)
+    assert policy.width == 0
+    assert executed[:2] == [0, 0]  # a >30% predicted gain switches at once (no patience wait)
+    assert sum(w > 0 for w in executed[50:]) <= len(executed[50:]) / 20 + 1  # probes only
+    run(policy, [0.8] * 7, 4, 100, rng)
+    assert policy.width > 0
+
+
+def test_probes_while_off_and_turns_back_on_when_acceptance_improves():
+    rng = random.Random(1)
+    bs, interval = 16, 25
+    policy = make_policy(probe_interval=interval, probe_width=2)
+    executed = run(policy, [0.1] * 7, bs, 400, rng)
+    assert policy.width == 0
+    probes = [i for i, w in enumerate(executed[100:]) if w > 0]
+    assert probes and all(executed[100 + i] == 2 for i in probes)
+    assert len(probes) == pytest.approx(300 / interval, abs=2)
+    assert best_width_bruteforce([0.9] * 7, true_cost, bs, B - 1) > 0
+    executed = run(policy, [0.9] * 7, bs, 3 * interval + 10, rng)
+    assert policy.width > 0
+    assert executed[-1] > 0
+
+
+def test_no_flapping_at_threshold_with_noise():
+    bs = 32
+    a = uniform_rate_at_threshold(bs)
+    rates = [a] * (B - 1)
+    best_on = max(true_thr(rates, bs, w) for w in range(1, B))
+    assert best_on == pytest.approx(true_thr(rates, bs, 0), rel=1e-6)
+    rng = random.Random(2)
+    policy = make_policy()
+    run(policy, rates, bs, 2000, rng, noise=0.05)
+    naive = make_policy(switch_margin=0.0, urgent_margin=0.0, switch_patience=1)
+    run(naive, rates, bs, 2000, random.Random(2), noise=0.05)
+    assert policy.switches <= 6, policy.snapshot()
+    assert naive.switches > 3 * max(policy.switches, 1)  # the test would catch flapping
+
+
+def test_no_flapping_when_batch_size_straddles_threshold():
+    rates = [0.6] * 7
+    crossing = next(bs for bs in range(1, 200)
+                    if best_width_bruteforce(rates, true_cost, bs, B - 1) == 0)
+    rng = random.Random(3)
+    policy = make_policy()
+    for step in range(1000):
+        run(policy, rates, crossing - 1 + step % 2, 1, rng, noise=0.05)
+    assert policy.switches <= 4
+
+
+def decaying(a):
+    return [a * 0.93**j for j in range(B - 1)]
+
+
+@pytest.mark.parametrize("bs,rates", [
+    (1, decaying(0.9)),  # optimum 7
+    (16, decaying(0.95)),  # 3
+    (12, decaying(0.8)),  # 4: the cold start picks 3; probes must find 4
+    (24, [0.6] * 7),  # 2
+    (32, [0.9] * 7),  # 1
+    (64, [0.7, 0.5, 0.3, 0.2, 0.1, 0.1, 0.1]),  # 0
+    (2, [0.2] * 7),  # 7 at low acceptance: verify is free below 64 tokens
+])
+def test_converges_to_bruteforce_optimum(bs, rates):
+    best = best_width_bruteforce(rates, true_cost, bs, B - 1)
+    exact = make_policy(switch_margin=0.0, urgent_margin=0.0, switch_patience=1,
+                        probe_interval=10, acceptance_half_life=400.0)
+    run(exact, rates, bs, 600, random.Random(4))
+    assert exact.width == best
+    # Default hysteresis: may rest on a width within the 5% switch margin.
+    default = make_policy(probe_interval=10)
+    run(default, rates, bs, 800, random.Random(5))
+    assert true_thr(rates, bs, default.width) >= true_thr(rates, bs, best) / 1.05
+
+
+def test_bruteforce_reference_matches_closed_form():
+    rates = [0.9, 0.5, 0.2]
+
+    def cost(bs, w):
+        return 1.0 + 0.3 * w
+
+    by_hand = [e / cost(1, w) for w, e in enumerate([1.0, 1.9, 2.35, 2.44])]
+    assert best_width_bruteforce(rates, cost, 1, 3) == max(range(4), key=by_hand.__getitem__)
+    assert expected_commits(rates) == pytest.approx([1.0, 1.9, 2.35, 2.44])
+
+
+# ---------------------------------------------------------------------------
+# Acceptance statistics
+# ---------------------------------------------------------------------------
+
+
+def test_position_counts_follow_reached_and_accepted_rule():
+    stats = AcceptanceStats(4, prior_rate=0.5, min_weight=1e-9)
+    # width 3: a=0 reaches 1 (rejected); a=1 reaches 1,2; a=3 reaches 1..3 all accepted.
+    stats.observe(3, [0, 1, 3])
+    assert stats.weight[:3] == pytest.approx([3, 2, 1])
+    assert stats.rates()[:3] == pytest.approx([2 / 3, 1 / 2, 1.0])
+    assert stats.rates()[3] == 0.5  # position 4 not reached
+    with pytest.raises(ValueError, match=r"accept_lens\[0\]"):
+        stats.observe(2, [3])
+
+
+def test_rates_estimator_unbiased_on_geometric_like_acceptance():
+    true = [0.9, 0.85, 0.8, 0.7, 0.6, 0.5, 0.4]
+    rng = random.Random(6)
+    stats = AcceptanceStats(7, prior_rate=0.5)
+    for _ in range(3000):
+        width = rng.randint(1, 7)
+        stats.observe(width, [sample_accept(rng, true, width) for _ in range(8)])
+    for est, p, n in zip(stats.rates(), true, stats.weight):
+        assert abs(est - p) < 4 * math.sqrt(p * (1 - p) / n) + 4 / n
+    assert stats.expected_commit(7) == pytest.approx(expected_commits(true)[-1], rel=0.02)
+
+
+def test_decayed_rates_track_a_change_and_keep_unreached_positions():
+    rng = random.Random(7)
+    stats = AcceptanceStats(3, half_life=20.0, prior_rate=0.5, min_weight=4.0)
+    for _ in range(300):
+        stats.observe(3, [sample_accept(rng, [0.9] * 3, 3) for _ in range(8)])
+    for _ in range(200):
+        stats.observe(1, [sample_accept(rng, [0.3] * 3, 1) for _ in range(8)])
+    assert stats.rates()[0] == pytest.approx(0.3, abs=0.08)
+    assert stats.rates()[1] == pytest.approx(0.9, abs=0.08)  # unreached: last estimate kept
+    assert stats.weight[1] == pytest.approx(4.0)  # ... at the floor weight
+
+
+# ---------------------------------------------------------------------------
+# Cost model
+# ---------------------------------------------------------------------------
+
+
+def test_cost_model_fits_profile_and_separates_draft_term():
+    model = CostModel.from_profile(profile())
+    for bs in PROFILE_BS:
+        for w in range(B):
+            assert model.predict(bs, w) == pytest.approx(true_cost(bs, w), rel=1e-9)
+    assert model.predict(48, 3) == pytest.approx((true_cost(32, 3) + true_cost(64, 3)) / 2)
+
+
+@pytest.mark.parametrize("qs", [range(1, B + 1), (1, B), (1,), (2, 5)])
+def test_cost_model_is_monotone_in_tokens(qs):
+    model = CostModel.from_profile(profile(qs))
+    for bs in list(range(1, 40)) + [100, 300, 512, 1000]:
+        row = [model.predict(bs, w) for w in range(B + 4)]  # includes W beyond the profile
+        assert all(x <= y + 1e-15 for x, y in itertools.pairwise(row)), (bs, row)
+    for w in range(B):
+        col = [model.predict(bs, w) for bs in range(1, 600, 7)]
+        assert all(x <= y + 1e-15 for x, y in itertools.pairwise(col)), (w, col)
+        assert all(c > 0 for c in col)
+
+
+def test_cost_model_pads_batch_to_profiled_size():
+    model = CostModel.from_profile(profile(), pad_batch=True)
+    for w in range(B):
+        assert model.predict(17, w) == pytest.approx(true_cost(32, w))  # a bs-32 graph replay
+        assert model.predict(32, w) == pytest.approx(true_cost(32, w))
+    assert model.predict(300, 0) > model.predict(256, 0)  # beyond the profile: extrapolated
+
+
+def test_cost_model_total_token_extrapolation_from_plain_only_profile():
+    samples = [(bs, 1, False, true_verify(bs, 1)) for bs in PROFILE_BS]
+    samples += [(bs, 1, True, true_verify(bs, 1) + true_draft(bs)) for bs in PROFILE_BS]
+    model = CostModel.from_profile(samples)
+    assert model.predict(32, 3) == pytest.approx(true_cost(32, 3))  # 128 tokens = bs 128 at q 1
+
+
+def test_online_correction_learns_uniformly_slower_device():
+    model = CostModel.from_profile(profile())
+    rng = random.Random(8)
+    for _ in range(300):  # only batch sizes < 64 and widths <= 3 observed
+        bs, w = rng.randint(1, 63), rng.randint(0, 3)
+        model.observe(bs, w, 2.0 * true_cost(bs, w) * (1 + 0.05 * rng.uniform(-1, 1)))
+    for bs, w in [(4, 0), (16, 2), (40, 3), (200, 7), (100, 5)]:  # observed and unseen cells
+        assert model.predict(bs, w) == pytest.approx(2.0 * true_cost(bs, w), rel=0.06)
+    snap = json.loads(json.dumps(model.snapshot()))
+    assert snap["global_correction"] == pytest.approx(2.0, rel=0.06)
+
+
+def test_online_correction_clips_outliers():
+    model = CostModel.from_profile(profile(), ema=1.0, outlier_ratio=3.0)
+    model.observe(8, 0, 1000.0 * true_cost(8, 0))  # e.g. a step that hit a GC pause
+    assert model.correction(8, 0) == pytest.approx(3.0)
+
+
+def test_cost_profile_validation():
+    with pytest.raises(ValueError, match="undrafted and one drafted"):
+        CostModel.from_profile([(1, 1, False, 0.01)])
+    with pytest.raises(ValueError, match="sample 0"):
+        CostModel.from_profile([(0, 1, False, 0.01)])
+    with pytest.raises(ValueError, match="sample 1"):
+        CostModel.from_profile([(1, 1, False, 0.01), (1, 2, True)])
+    with pytest.raises(ValueError, match="step_seconds"):
+        CostModel.from_profile(profile()).observe(1, 0, -1.0)
+
+
+# ---------------------------------------------------------------------------
+# Modes, config, metrics
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cfg,expected", [
+    (PolicyConfig(mode="fixed", fixed_width=3), 3),
+    (PolicyConfig(mode="on"), B - 1),
+    (PolicyConfig(mode="off"), 0),
+])
+def test_static_modes_ignore_load_and_acceptance(cfg, expected):
+    policy = SpeculationPolicy(cfg, B)  # no cost model needed
+    rng = random.Random(9)
+    for bs, rates in [(1, [0.9] * 7), (256, [0.05] * 7)]:
+        assert set(run(policy, rates, bs, 60, rng)) == {expected}
+    snap = json.loads(json.dumps(policy.snapshot()))
+    assert snap["spec_fraction"] == (1.0 if expected else 0.0)
+    assert snap["switches"] == 0
+
+
+def test_restricted_widths_and_probe_width_resolution():
+    policy = make_policy(widths=(0, 3, 7), probe_width=2, probe_interval=5)
+    assert policy.probe_width == 3  # no candidate <= 2 except 0: smallest positive
+    executed = run(policy, [0.2] * 7, 200, 200, random.Random(10))
+    assert set(executed) <= {0, 3, 7}
+
+
+def test_per_request_rates_report_and_weight_dragging_requests():
+    policy = make_policy()
+    rng = random.Random(11)
+    for _ in range(100):
+        ids = ["good", "bad"]
+        lens = [sample_accept(rng, [0.95] * 7, 7), sample_accept(rng, [0.1] * 7, 7)]
+        policy.observe_verify(7, lens, true_cost(2, 7), 2, request_ids=ids)
+    snap = json.loads(json.dumps(policy.snapshot()))
+    assert [r["request"] for r in snap["dragging_requests"]] == ["bad", "good"]
+    pooled = policy.throughputs(2)
+    only_bad = policy.throughputs(2, request_ids=["bad", "bad"])
+    assert only_bad[7] < pooled[7] / 2
+    policy.release_request("bad")
+    assert [r["request"] for r in policy.snapshot()["dragging_requests"]] == ["good"]
+
+
+def test_snapshot_is_json_and_reports_state():
+    policy = make_policy()
+    run(policy, [0.8] * 7, 4, 20, random.Random(12))
+    snap = json.loads(json.dumps(policy.snapshot()))
+    assert snap["width"] == policy.width and snap["steps"] == 20
+    assert len(snap["acceptance_rates"]) == B - 1 and len(snap["expected_commit"]) == B
+    assert set(snap["predicted_tokens_per_s"]) == {str(w) for w in range(B)}
+
+
+def test_config_validation_and_from_dict():
+    cfg = PolicyConfig.from_dict({"mode": "adaptive", "widths": [0, 1, 3], "switch_margin": 0.1})
+    assert cfg.widths == (0, 1, 3)
+    with pytest.raises(ValueError, match=r"unknown config key\(s\) \['swich_margin'\]"):
+        PolicyConfig.from_dict({"swich_margin": 0.1})
+    bad = [
+        {"mode": "auto"}, {"mode": "fixed"}, {"fixed_width": 2}, {"switch_margin": -0.1},
+        {"switch_patience": 0}, {"switch_patience": True}, {"urgent_margin": 0.01},
+        {"probe_interval": -1}, {"probe_width": 0}, {"acceptance_half_life": 0},
+        {"prior_rate": 1.5}, {"cost_ema": 0.0}, {"cost_outlier_ratio": 1.0},
+        {"widths": [3, 1]}, {"widths": []}, {"min_weight": float("nan")},
+        {"pad_batch_to_profile": 1},
+    ]
+    for overrides in bad:
+        with pytest.raises(ValueError, match="speculation policy"):
+            PolicyConfig(**overrides)
+    with pytest.raises(ValueError, match="fixed_width"):
+        SpeculationPolicy(PolicyConfig(mode="fixed", fixed_width=8), B)
+    with pytest.raises(ValueError, match="widths"):
+        SpeculationPolicy(PolicyConfig(widths=(0, 8)), B, CostModel.from_profile(profile()))
+    with pytest.raises(ValueError, match="needs a CostModel"):
+        SpeculationPolicy(PolicyConfig(), B)
+    with pytest.raises(ValueError, match="batch_size"):
+        make_policy().observe_verify(2, [1, 1], 0.01, 3)
+
+
+def test_choose_width_is_cheap():
+    policy = make_policy()
+    start = time.perf_counter()
+    for i in range(5000):
+        policy.choose_width(1 + i % 64)
+    assert (time.perf_counter() - start) / 5000 < 200e-6  # generous on a loaded CI core
