@@ -18,6 +18,7 @@ CORE_MODULES = [
     "sglang_dflash.prompts",
     "sglang_dflash.policy",
     "sglang_dflash.verify",
+    "sglang_dflash.verify_attention",
     "sglang_dflash.propose",
     "sglang_dflash.patches",
     "sglang_dflash.demo",

@@ -12,10 +12,11 @@ chain). EXTEND and DECODE behave exactly as upstream.
 
 from __future__ import annotations
 
-import torch
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+from sglang_dflash.verify_attention import verify_attention
 
 
 class VerifyCapableTorchNativeAttnBackend(TorchNativeAttnBackend):
@@ -29,30 +30,19 @@ class VerifyCapableTorchNativeAttnBackend(TorchNativeAttnBackend):
             raise NotImplementedError(
                 "torch_native TARGET_VERIFY supports causal decoder self-attention only"
             )
-        width = int(forward_batch.spec_info.draft_token_num)
         if save_kv_cache and k is not None and v is not None:
             self.token_to_kv_pool.set_kv_buffer(
                 layer, KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc), k, v
             )
-        prefix_lens = forward_batch.seq_lens
-        extend_lens = torch.full_like(prefix_lens, width)
-        o = q.new_empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim))
         window = layer.sliding_window_size
-        self._run_sdpa_forward_extend(
+        out = verify_attention(
             q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
-            o.view(-1, layer.tp_q_head_num, layer.v_head_dim),
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
-            self.req_to_token_pool.req_to_token,
-            forward_batch.req_pool_indices,
-            prefix_lens + width,
-            prefix_lens,
-            extend_lens,
-            None,
+            self.req_to_token_pool.req_to_token[forward_batch.req_pool_indices],
+            forward_batch.seq_lens,
+            int(forward_batch.spec_info.draft_token_num),
             scaling=layer.scaling,
-            enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num,
-            causal=True,
-            is_cross_attn=False,
-            sliding_window_size=window if window is not None and window > -1 else None,
+            sliding_window=window if window is not None and window > -1 else None,
         )
-        return o
+        return out.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
