@@ -67,6 +67,11 @@ def verify_block(
     flat = rows.repeat(width)
     p = target_probs(logits.reshape(-1, vocab).float(), flat.temperature, flat.top_p, flat.top_k, flat.min_p)
     p = p.view(bs, width, vocab)
+    if width == 1:
+        # No drafts (speculation off this step): plain sampling from p.
+        sampled = torch.multinomial(p[:, 0], 1, generator=generator)
+        tokens = torch.where(rows.greedy.unsqueeze(1), greedy_result.tokens, sampled)
+        return AcceptResult(accept_len=greedy_result.accept_len, tokens=tokens)
     if q is None:
         q = torch.nn.functional.one_hot(drafts.long(), vocab).to(p.dtype)
     uniforms = torch.rand(drafts.shape, generator=generator, device=drafts.device)

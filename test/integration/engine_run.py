@@ -32,7 +32,7 @@ def _run(engine, run):
                     "text": out.get("text"),
                     "meta_info": {
                         k: out["meta_info"].get(k)
-                        for k in ("finish_reason", "completion_tokens", "spec_accept_length", "spec_verify_ct")
+                        for k in ("finish_reason", "completion_tokens", "spec_accept_length", "spec_verify_ct", "num_retractions", "cached_tokens")
                     },
                 }
             )

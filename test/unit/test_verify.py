@@ -74,3 +74,18 @@ def test_one_hot_draft_is_lossless(temperature):
     empirical = torch.bincount(first, minlength=V).float() / n
     p0 = target_probs(row_logits[:1], torch.tensor([temperature]), torch.ones(1), torch.tensor([V]), torch.zeros(1))[0]
     assert 0.5 * (empirical - p0).abs().sum() < 0.01
+
+
+def test_width_one_is_plain_decoding():
+    """No drafts: greedy rows take the argmax, sampled rows draw from p."""
+    torch.manual_seed(4)
+    n = 100_000
+    row_logits = torch.randn(1, V)
+    logits = row_logits.expand(n, 1, V)
+    mask = [i < 10 for i in range(n)]
+    res = verify_block(torch.zeros(n, 0, dtype=torch.long), logits, _rows(n, mask),
+                       generator=torch.Generator().manual_seed(5))
+    assert res.accept_len.eq(0).all()
+    assert (res.tokens[:10, 0] == row_logits.argmax()).all()
+    empirical = torch.bincount(res.tokens[10:, 0], minlength=V).float() / (n - 10)
+    assert 0.5 * (empirical - row_logits[0].softmax(-1)).abs().sum() < 0.01

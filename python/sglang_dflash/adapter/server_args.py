@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
 from sglang.srt.runtime_context import attn_dp_enabled_of
 
 logger = logging.getLogger(__name__)
+
+from sglang_dflash.policy import PolicyConfig
 
 SOURCE = "sglang_dflash._handle_dflash"
 DEFAULT_MAX_RUNNING_REQUESTS = 48
@@ -52,6 +55,25 @@ def validate_drafter(cfg):
         target_num_layers=layers,
     )
     return drafter.cfg
+
+
+POLICY_ENV = "SGLANG_DFLASH_POLICY"
+DEFAULT_POLICY = {"mode": "on"}
+
+
+def load_policy_config() -> PolicyConfig:
+    """The speculation policy from SGLANG_DFLASH_POLICY: inline JSON or a JSON file path."""
+    raw = os.environ.get(POLICY_ENV, "").strip()
+    if not raw:
+        return PolicyConfig.from_dict(DEFAULT_POLICY)
+    if not raw.startswith("{"):
+        with open(raw) as f:
+            raw = f.read()
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{POLICY_ENV}: not valid JSON ({e})") from e
+    return PolicyConfig.from_dict(data)
 
 
 def _check_device_and_parallelism(cfg) -> None:
@@ -92,6 +114,7 @@ def handle_dflash(server_args) -> None:
     cfg = resolving_view(server_args)
     _check_device_and_parallelism(cfg)
     drafter_cfg = validate_drafter(cfg)
+    policy = load_policy_config()  # a bad policy fails here, before workers start
     block = _resolve_block_size(server_args, cfg, drafter_cfg.block_size)
     for name in ("speculative_num_steps", "speculative_eagle_topk"):
         value = getattr(cfg, name)
@@ -111,5 +134,6 @@ def handle_dflash(server_args) -> None:
         fields["max_running_requests"] = DEFAULT_MAX_RUNNING_REQUESTS
     declare_resolution(server_args, SOURCE, **fields)
     logger.info(
-        "sglang-dflash: DFLASH with a v%d drafter, block size %d", drafter_cfg.version, block
+        "sglang-dflash: DFLASH with a v%d drafter, block size %d, policy %s",
+        drafter_cfg.version, block, policy.mode,
     )

@@ -24,6 +24,7 @@ defined here is delegated to the target worker (`__getattr__`), as upstream does
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 from sglang.srt.managers.utils import GenerationBatchResult
@@ -38,7 +39,10 @@ from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 from sglang_dflash.adapter.draft_kv import DraftKVCache
 from sglang_dflash.checkpoint import load_drafter
 from sglang_dflash.draft import context_slots, make_blocks, plan_commit
-from sglang_dflash.propose import propose_argmax, propose_selector
+from sglang_dflash.adapter.server_args import load_policy_config
+from sglang_dflash.policy import SpeculationPolicy
+from sglang_dflash.propose import Proposal, propose_argmax, propose_selector
+from sglang_dflash.rejection import PAD_TOKEN_ID
 from sglang_dflash.verify import SamplingRows, verify_block
 
 logger = logging.getLogger(__name__)
@@ -66,6 +70,8 @@ class DFlashWorker(BaseSpecWorker):
         # target sampler's stream (dflash.md §4.5 item 3).
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(get_spec_seed(server_args)))
+        self.policy = self._build_policy()
+        self._last_step = None  # (width, seconds, batch size) for the host-side feedback
         logger.info(
             "sglang-dflash worker: v%d drafter, %d layers, block %d, target layers %s",
             self.drafter.cfg.version,
@@ -86,6 +92,17 @@ class DFlashWorker(BaseSpecWorker):
             dtype=self.model_runner.dtype,
         )
         return drafter.to(self.device).eval()
+
+    def _build_policy(self) -> SpeculationPolicy:
+        cfg = load_policy_config()
+        if cfg.mode != "adaptive":
+            return SpeculationPolicy(cfg, self.block_size)
+        from sglang_dflash.adapter.profile import profile_costs
+
+        start = time.perf_counter()
+        samples = profile_costs(self.model_runner.model, self.drafter, self.block_size, widths=cfg.widths)
+        logger.info("sglang-dflash: cost profile (%d samples) in %.1fs", len(samples), time.perf_counter() - start)
+        return SpeculationPolicy.from_profile(cfg, self.block_size, samples)
 
     def alloc_memory_pool(
         self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None
@@ -152,27 +169,37 @@ class DFlashWorker(BaseSpecWorker):
         draft_input = batch.spec_info
         if not isinstance(draft_input, DFlashDraftInputV2):
             raise RuntimeError("DFLASH decode expects DFlashDraftInputV2 on the batch")
+        start = time.perf_counter()
         prefix = batch.seq_lens.to(torch.int64)
+        bs = len(prefix)
+        width = self.policy.choose_width(bs)  # verified drafts this step; 0 = plain decode
+        num_verify = width + 1
         block = make_blocks(draft_input.bonus_tokens, prefix, self.mask_token_id, self.block_size)
         rows = self.req_to_token_pool.req_to_token[batch.req_pool_indices]
-        cache_loc = rows.gather(1, block.positions).to(torch.int64)
+        positions = block.positions[:, :num_verify]
+        cache_loc = rows.gather(1, positions).to(torch.int64)
 
-        sampling = _sampling_rows(batch.sampling_info, len(prefix))
-        proposal = self._draft(block, rows, prefix, sampling)
+        sampling = _sampling_rows(batch.sampling_info, bs)
+        proposal = self._draft(block, rows, prefix, sampling, width)
         verify_ids = torch.cat([block.token_ids[:, :1], proposal.drafts], dim=1)
-        logits_output = self._verify(batch, verify_ids, block, cache_loc)
-        logits = logits_output.next_token_logits.view(len(prefix), self.block_size, -1)
+        logits_output = self._verify(batch, verify_ids, positions, cache_loc, num_verify)
+        logits = logits_output.next_token_logits.view(bs, num_verify, -1)
         result = verify_block(proposal.drafts, logits, sampling, proposal.q, self.generator)
-        plan = plan_commit(result.accept_len, prefix, self.block_size)
+        plan = plan_commit(result.accept_len, prefix, num_verify)
         if on_publish is not None:
             on_publish(plan.new_seq_lens)
 
-        hidden = logits_output.hidden_states.view(len(prefix), self.block_size, -1)
-        self._write_context(hidden[plan.keep], block.positions[plan.keep], cache_loc[plan.keep])
+        # Committed rows become drafter context, also when speculation is off,
+        # so the drafter is current whenever speculation resumes.
+        hidden = logits_output.hidden_states.view(bs, num_verify, -1)
+        self._write_context(hidden[plan.keep], positions[plan.keep], cache_loc[plan.keep])
         logits_output.hidden_states = None
+        tokens = torch.full((bs, self.block_size), PAD_TOKEN_ID, dtype=torch.int64, device=self.device)
+        tokens[:, :num_verify] = result.tokens
+        self._last_step = (width, time.perf_counter() - start, bs)
         return GenerationBatchResult(
             logits_output=logits_output,
-            next_token_ids=result.tokens.reshape(-1),
+            next_token_ids=tokens.reshape(-1),
             accept_lens=plan.commit_lens.to(torch.int32),
             can_run_cuda_graph=False,
             next_draft_input=make_draft_input_v2(
@@ -182,6 +209,17 @@ class DFlashWorker(BaseSpecWorker):
             new_seq_lens=plan.new_seq_lens,
         )
 
+    def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size=0):
+        """Host-side feedback after the scheduler copied the accept counts (no sync here)."""
+        if self._last_step is None:
+            return
+        width, seconds, bs = self._last_step
+        self._last_step = None
+        if width == 0:
+            self.policy.observe_plain(seconds, bs)
+        else:
+            self.policy.observe_verify(width, list(num_correct_drafts_per_req), seconds, bs)
+
     # ---- stages -------------------------------------------------------------------
 
     def _embed(self, token_ids):
@@ -190,7 +228,17 @@ class DFlashWorker(BaseSpecWorker):
     def _lm_head_weight(self):
         return self.model_runner.model.lm_head.weight
 
-    def _draft(self, block, rows, prefix, sampling):
+    def _draft(self, block, rows, prefix, sampling, width) -> Proposal:
+        """Drafts for the first `width` positions after the anchor (none when 0:
+        the drafter does not run). The drafter always drafts its whole block."""
+        if width == 0:
+            empty = torch.empty((len(prefix), 0), dtype=torch.int64, device=self.device)
+            return Proposal(drafts=empty, q=None)
+        proposal = self._draft_block(block, rows, prefix, sampling)
+        q = None if proposal.q is None else proposal.q[:, :width]
+        return Proposal(drafts=proposal.drafts[:, :width], q=q)
+
+    def _draft_block(self, block, rows, prefix, sampling) -> Proposal:
         """One drafter pass over the block, then the v1 argmax or the v2 selector path."""
         slots, valid = context_slots(rows, prefix)
         ctx_k, ctx_v = self.draft_kv.gather(slots)
@@ -207,11 +255,11 @@ class DFlashWorker(BaseSpecWorker):
             temperature, greedy, uniforms,
         )
 
-    def _verify(self, batch, verify_ids, block, cache_loc):
+    def _verify(self, batch, verify_ids, positions, cache_loc, num_verify):
         verify_input = DFlashVerifyInput(
             draft_token=verify_ids.reshape(-1),
-            positions=block.positions.reshape(-1),
-            draft_token_num=self.block_size,
+            positions=positions.reshape(-1),
+            draft_token_num=num_verify,
             custom_mask=None,
             capture_hidden_mode=CaptureHiddenMode.FULL,
         )
@@ -224,7 +272,7 @@ class DFlashWorker(BaseSpecWorker):
         apply_dflash_verify_logits_adjustments(
             next_token_logits=logits_output.next_token_logits,
             sampling_info=batch.sampling_info,
-            draft_token_num=self.block_size,
+            draft_token_num=num_verify,
         )
         return logits_output
 

@@ -1,0 +1,49 @@
+"""The draft side stays consistent through chunked prefill, radix-cache prefix
+hits, retraction under KV pressure, and long prompts: greedy DFLASH output equals
+plain decoding under the same engine settings."""
+
+import pytest
+
+from harness import chat_prompts, dflash_args, run_engine
+
+GREEDY = {"max_new_tokens": 48, "temperature": 0.0}
+
+
+def _ids(run):
+    return [r["output_ids"] for r in run["results"]]
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return chat_prompts(12)
+
+
+def test_chunked_prefill_and_radix_hits(prompts):
+    # Chunks of 32 tokens split most prompts; the second pass over the same
+    # prompts (and a shared-prefix variant) is served from the radix cache.
+    shared = [p + " Answer briefly." for p in prompts[:4]]
+    runs = [
+        {"name": "first", "prompts": prompts, "batch_size": 4, "sampling_params": GREEDY},
+        {"name": "again", "prompts": prompts, "batch_size": 4, "sampling_params": GREEDY},
+        {"name": "shared", "prompts": shared, "batch_size": 4, "sampling_params": GREEDY},
+    ]
+    settings = dict(chunked_prefill_size=32)
+    plain = run_engine(settings, runs)
+    spec = run_engine({**settings, **dflash_args("drafter-trained")}, runs)
+    for name in plain:
+        assert _ids(spec[name]) == _ids(plain[name]), name
+    cached = sum(r["meta_info"]["cached_tokens"] or 0 for r in spec["again"]["results"])
+    assert cached > 0, "the second pass should hit the radix cache"
+
+
+def test_retraction_under_kv_pressure(prompts):
+    # A KV pool far smaller than 12 concurrent requests need forces the
+    # scheduler to retract and later re-prefill requests.
+    runs = [{"name": "all", "prompts": prompts, "batch_size": 12,
+             "sampling_params": {"max_new_tokens": 96, "temperature": 0.0}}]
+    settings = dict(max_total_tokens=1200, max_running_requests=12)
+    plain = run_engine(settings, runs)
+    spec = run_engine({**settings, **dflash_args("drafter-trained")}, runs)
+    assert _ids(spec["all"]) == _ids(plain["all"])
+    retractions = sum(r["meta_info"]["num_retractions"] or 0 for r in spec["all"]["results"])
+    assert retractions > 0, "the setting no longer forces a retraction; shrink max_total_tokens"
