@@ -21,6 +21,7 @@ CORE_MODULES = [
     "sglang_dflash.verify_attention",
     "sglang_dflash.propose",
     "sglang_dflash.patches",
+    "sglang_dflash.ops",
     "sglang_dflash.demo",
     "sglang_dflash.cli",
     "sglang_dflash.cpu_runtime",

@@ -1,0 +1,123 @@
+"""The single dispatch point between the Triton kernels and their torch twins.
+
+    selector_walk(scores, cand_ids, temperature, greedy, uniforms) -> select.Path
+        twin: select.walk; kernel: ops.walk_triton.walk
+    chain_rejection(draft_tokens, q, p, accept_uniforms, sample_uniforms) -> AcceptResult
+        twin: ops.rejection_ref.chain_rejection_sample_uniforms;
+        kernel: ops.rejection_triton.chain_rejection_sample_uniforms
+
+Each pair has the same signature and the same result (the walk's q within
+1e-6), and neither draws random numbers, so either can be captured in a CUDA
+graph. The choice is made once per device type, at the first call, cached
+and logged once (style.md principles 8 and 12):
+
+    * CPU (or any non-CUDA) tensors: the torch twin;
+    * CUDA tensors: the Triton kernel if `import triton` works and the
+      environment variable SGLANG_DFLASH_DISABLE_TRITON is not set to 1,
+      else the torch twin.
+
+Triton is imported lazily, inside the CUDA branch, so this package imports
+on hosts without Triton. `backend(device)` reports the decision; tests call
+`reset_backend_cache()` to decide again.
+"""
+
+import importlib
+import logging
+import os
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from sglang_dflash import select
+from sglang_dflash.ops.rejection_ref import chain_rejection_sample_uniforms
+from sglang_dflash.rejection import AcceptResult
+
+logger = logging.getLogger(__name__)
+
+DISABLE_TRITON_ENV = "SGLANG_DFLASH_DISABLE_TRITON"
+BACKEND_TRITON = "triton"
+BACKEND_TORCH = "torch"
+
+
+class _Impl(NamedTuple):
+    name: str  # BACKEND_TRITON or BACKEND_TORCH
+    walk: Callable[..., select.Path]
+    chain_rejection: Callable[..., AcceptResult]
+
+
+_TORCH_IMPL = _Impl(BACKEND_TORCH, select.walk, chain_rejection_sample_uniforms)
+_DECISIONS: dict = {}  # device type -> _Impl, filled once per device type
+
+
+def selector_walk(
+    scores: torch.Tensor,
+    cand_ids: torch.Tensor,
+    temperature: torch.Tensor,
+    greedy: torch.Tensor,
+    uniforms: torch.Tensor,
+) -> select.Path:
+    """`select.walk` through the backend chosen for scores' device.
+
+    Args:
+        scores: [bs, S, K, K] float32; cand_ids: [bs, S, K] int64;
+        temperature: [bs] float32; greedy: [bs] bool; uniforms: [bs, S] float32.
+
+    Returns:
+        Path with tokens, choice [bs, S] and q [bs, S, K].
+    """
+    return _impl(scores.device).walk(scores, cand_ids, temperature, greedy, uniforms)
+
+
+def chain_rejection(
+    draft_tokens: torch.Tensor,
+    q: torch.Tensor,
+    p: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+    sample_uniforms: torch.Tensor,
+) -> AcceptResult:
+    """`rejection_ref.chain_rejection_sample_uniforms` through the chosen backend.
+
+    Args:
+        draft_tokens: [bs, S] int64; q: [bs, S, V] float32; p: [bs, S+1, V]
+        float32; accept_uniforms: [bs, S]; sample_uniforms: [bs, S+1].
+
+    Returns:
+        AcceptResult with accept_len [bs] and tokens [bs, S+1].
+    """
+    return _impl(p.device).chain_rejection(draft_tokens, q, p, accept_uniforms, sample_uniforms)
+
+
+def backend(device) -> str:
+    """The backend used for tensors on `device` ("triton" or "torch"); decides if needed."""
+    return _impl(torch.device(device)).name
+
+
+def reset_backend_cache() -> None:
+    """Forget the cached decisions (tests only; the next call decides and logs again)."""
+    _DECISIONS.clear()
+
+
+def _impl(device: torch.device) -> _Impl:
+    impl = _DECISIONS.get(device.type)
+    if impl is None:
+        impl, reason = _decide(device.type)
+        _DECISIONS[device.type] = impl
+        logger.info("sglang_dflash.ops: %s tensors use the %s backend (%s)",
+                    device.type, impl.name, reason)
+    return impl
+
+
+def _decide(device_type: str) -> tuple[_Impl, str]:
+    """Pick the backend for one device type; returns it and the reason to log."""
+    if device_type != "cuda":
+        return _TORCH_IMPL, "Triton kernels run on CUDA only"
+    if os.environ.get(DISABLE_TRITON_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+        return _TORCH_IMPL, f"{DISABLE_TRITON_ENV} is set"
+    try:
+        walk_triton = importlib.import_module("sglang_dflash.ops.walk_triton")
+        rejection_triton = importlib.import_module("sglang_dflash.ops.rejection_triton")
+    except ImportError as exc:  # triton missing or unusable: decided here, once
+        return _TORCH_IMPL, f"triton does not import: {exc}"
+    impl = _Impl(BACKEND_TRITON, walk_triton.walk, rejection_triton.chain_rejection_sample_uniforms)
+    return impl, "triton imports"

@@ -1,0 +1,91 @@
+"""Chain rejection sampling from pre-drawn uniforms: the torch twin of the kernel.
+
+Same rule as `rejection.chain_rejection_sample` (accept x_i iff
+u_i * q_i(x_i) < p_i(x_i); at the first rejection emit from
+norm(max(0, p_i - q_i)) over the FULL vocabulary, from p_i if that residual
+is empty; after S accepts emit the bonus from p_S), but the emitted token is
+drawn by inverse CDF from a caller-supplied uniform instead of
+`torch.multinomial`, so a step consumes no RNG state and can be captured in a
+CUDA graph (style.md principle 9).
+
+Inverse CDF, for the unnormalized emit distribution w [V]:
+
+    cdf = cumsum(w) in float64, thr = v * cdf[V - 1]
+    token = min(#{j: cdf_j <= thr}, last j with w_j > 0)
+
+float64 makes the CDF independent of summation order to ~1e-16, so the
+Triton kernel (which sums in chunks) picks the same token except with
+probability ~V * 1e-16; in float32 over V = 151k entries the two orders
+would disagree on flat distributions. The clamp only matters when rounding
+leaves thr at or above the last CDF step.
+
+Imports torch, the stdlib and sglang_dflash.rejection only.
+"""
+
+import torch
+
+from sglang_dflash.rejection import (
+    AcceptResult,
+    _assemble_tokens,
+    _check_chain_inputs,
+    _emit_distribution,
+    _leading_true,
+)
+
+
+def chain_rejection_sample_uniforms(
+    draft_tokens: torch.Tensor,
+    q: torch.Tensor,
+    p: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+    sample_uniforms: torch.Tensor,
+) -> AcceptResult:
+    """Exact chain rejection sampling of S drafts per request, RNG-free.
+
+    Args:
+        draft_tokens: [bs, S] int64 drafted tokens x_0..x_{S-1}.
+        q: [bs, S, V] float32 dense draft distribution each draft was drawn from.
+        p: [bs, S+1, V] float32 target probabilities.
+        accept_uniforms: [bs, S] float32 in [0, 1) for the accept tests.
+        sample_uniforms: [bs, S+1] float32 in [0, 1); column accept_len draws
+            the emitted token (residual at a rejection, bonus after S accepts).
+            Independent of accept_uniforms and of the draft's uniforms.
+
+    Returns:
+        AcceptResult with accept_len [bs] and tokens [bs, S+1].
+    """
+    _check_chain_inputs(draft_tokens, q, p, accept_uniforms)
+    bs, num_slots = draft_tokens.shape
+    if sample_uniforms.shape != (bs, num_slots + 1):
+        raise ValueError(
+            f"sample_uniforms must be [{bs}, {num_slots + 1}], "
+            f"got shape {tuple(sample_uniforms.shape)}"
+        )
+    drafts = draft_tokens.long().unsqueeze(-1)  # [bs, S, 1]
+    p_draft = torch.gather(p[:, :num_slots].float(), -1, drafts).squeeze(-1)  # [bs, S]
+    q_draft = torch.gather(q.float(), -1, drafts).squeeze(-1)  # [bs, S]
+    accepted = accept_uniforms.float() * q_draft < p_draft  # [bs, S]
+    accept_len = _leading_true(accepted)
+    emit_from = _emit_distribution(q, p, accept_len)  # [bs, V] unnormalized
+    v = torch.gather(sample_uniforms.float(), 1, accept_len.unsqueeze(1))  # [bs, 1]
+    emitted = inverse_cdf(emit_from, v.squeeze(1))
+    return AcceptResult(accept_len, _assemble_tokens(draft_tokens, accept_len, emitted))
+
+
+def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Draw one index per row of unnormalized non-negative weights.
+
+    Args:
+        weights: [N, V] float32, non-negative.
+        u: [N] float32 in [0, 1).
+
+    Returns:
+        [N] int64: min(#{j: cdf_j <= u * total}, last j with weights_j > 0),
+        cdf in float64; 0 for a row without positive weight.
+    """
+    cdf = torch.cumsum(weights.double(), dim=-1)  # [N, V]
+    threshold = u.double().unsqueeze(-1) * cdf[:, -1:]  # [N, 1]
+    count = (cdf <= threshold).sum(dim=-1)
+    positions = torch.arange(weights.shape[-1], device=weights.device)
+    last_positive = torch.where(weights > 0, positions, torch.zeros_like(positions)).max(-1).values
+    return torch.minimum(count, last_positive)
