@@ -17,6 +17,7 @@ CORE_MODULES = [
     "sglang_dflash.rejection",
     "sglang_dflash.prompts",
     "sglang_dflash.policy",
+    "sglang_dflash.stats",
     "sglang_dflash.verify",
     "sglang_dflash.verify_attention",
     "sglang_dflash.propose",

@@ -19,12 +19,26 @@ ARGS_TARGET = "sglang.srt.arg_groups.speculative_hook._handle_dflash"
 TORCH_NATIVE_TARGET = (
     "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend"
 )
+SERVER_INFO_TARGET = (
+    "sglang.srt.managers.scheduler_components.internal_state."
+    "SchedulerInternalStateController._add_speculative"
+)
 
 _registered = False
 
 
 def use_upstream() -> bool:
     return os.environ.get(UPSTREAM_ENV, "0").lower() in ("1", "true", "yes")
+
+
+def add_dflash_state(result, controller, state, *args, **kwargs):
+    """After SGLang fills the speculative part of /get_server_info's internal
+    state, add ours under "dflash" (width, on-ratio, acceptance by position)."""
+    worker = getattr(controller.scheduler, "draft_worker", None)
+    snapshot = getattr(worker, "stats_snapshot", None)
+    if callable(snapshot):
+        state["dflash"] = snapshot()
+    return result
 
 
 def register() -> None:
@@ -46,4 +60,5 @@ def register() -> None:
     HookRegistry.register(
         TORCH_NATIVE_TARGET, VerifyCapableTorchNativeAttnBackend, HookType.REPLACE
     )
+    HookRegistry.register(SERVER_INFO_TARGET, add_dflash_state, HookType.AFTER)
     _registered = True

@@ -43,6 +43,7 @@ from sglang_dflash.adapter.server_args import load_policy_config
 from sglang_dflash.policy import SpeculationPolicy
 from sglang_dflash.propose import Proposal, propose_argmax, propose_selector
 from sglang_dflash.rejection import PAD_TOKEN_ID
+from sglang_dflash.stats import SpecStats
 from sglang_dflash.verify import SamplingRows, verify_block
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class DFlashWorker(BaseSpecWorker):
         self.generator.manual_seed(int(get_spec_seed(server_args)))
         self.policy = self._build_policy()
         self._last_step = None  # (width, seconds, batch size) for the host-side feedback
+        self.stats = SpecStats(self.block_size - 1)
         logger.info(
             "sglang-dflash worker: v%d drafter, %d layers, block %d, target layers %s",
             self.drafter.cfg.version,
@@ -215,10 +217,21 @@ class DFlashWorker(BaseSpecWorker):
             return
         width, seconds, bs = self._last_step
         self._last_step = None
+        accepted = list(num_correct_drafts_per_req)
+        self.stats.observe(width, accepted)
         if width == 0:
             self.policy.observe_plain(seconds, bs)
         else:
-            self.policy.observe_verify(width, list(num_correct_drafts_per_req), seconds, bs)
+            self.policy.observe_verify(width, accepted, seconds, bs)
+
+    def stats_snapshot(self) -> dict:
+        """Server-level speculation state for /get_server_info (JSON-serializable)."""
+        return {
+            "block_size": self.block_size,
+            "drafter_version": self.drafter.cfg.version,
+            "policy": self.policy.snapshot(),
+            **self.stats.snapshot(),
+        }
 
     # ---- stages -------------------------------------------------------------------
 

@@ -1,0 +1,43 @@
+"""Counters of speculation outcomes, kept on the host from per-step accept counts."""
+
+from __future__ import annotations
+
+
+class SpecStats:
+    """Steps, how many speculated, committed tokens, and acceptance by draft position.
+
+    `observe(width, accept_lens)` takes the step's verify width and the accepted
+    drafts per request (bonus excluded). Position j (1-based) is *reached* by a
+    request when width >= j and its first j-1 drafts were accepted.
+    """
+
+    def __init__(self, max_width: int):
+        self.max_width = max_width
+        self.steps = 0
+        self.spec_steps = 0
+        self.request_steps = 0
+        self.committed = 0
+        self.last_width = 0
+        self.reached = [0] * max_width
+        self.accepted = [0] * max_width
+
+    def observe(self, width: int, accept_lens: list[int]) -> None:
+        self.steps += 1
+        self.spec_steps += width > 0
+        self.last_width = width
+        self.request_steps += len(accept_lens)
+        self.committed += sum(accept_lens) + len(accept_lens)
+        for a in accept_lens:
+            for j in range(min(a + 1, width)):
+                self.reached[j] += 1
+                self.accepted[j] += j < a
+
+    def snapshot(self) -> dict:
+        rates = [a / r if r else None for a, r in zip(self.accepted, self.reached)]
+        return {
+            "steps": self.steps,
+            "current_width": self.last_width,
+            "spec_on_ratio": self.spec_steps / self.steps if self.steps else None,
+            "mean_acceptance_length": self.committed / self.request_steps if self.request_steps else None,
+            "acceptance_by_position": rates,
+        }
