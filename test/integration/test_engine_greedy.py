@@ -50,7 +50,7 @@ def _accept_lengths(run):
     return [r["meta_info"]["spec_accept_length"] for r in run["results"]]
 
 
-@pytest.mark.parametrize("drafter", ["drafter-random", "drafter-trained"])
+@pytest.mark.parametrize("drafter", ["drafter-random", "drafter-trained", "dflash2-random"])
 def test_dflash_greedy_identical_to_plain(plain, prompts, drafter):
     spec = run_engine(dflash_args(drafter), _runs(prompts))
     _check_identical(plain, spec)

@@ -16,9 +16,9 @@ from harness import PATHS, TARGET, free_port
 from sglang_dflash import cpu_runtime
 
 
-def _broken_copy(tmp_path, edit_config=None, drop_weight=None):
+def _broken_copy(tmp_path, edit_config=None, drop_weight=None, base="drafter-random"):
     dst = tmp_path / "drafter"
-    shutil.copytree(PATHS["drafter-random"], dst)
+    shutil.copytree(PATHS[base], dst)
     if edit_config:
         cfg = json.loads((dst / "config.json").read_text())
         edit_config(cfg)
@@ -45,6 +45,19 @@ CASES = {
     "missing_weight": (dict(drop_weight="fc.weight"), "fc.weight"),
     "wrong_hidden_size": (dict(edit_config=lambda c: c.update(hidden_size=c["hidden_size"] * 2)), "hidden_size"),
     "vocab_mismatch": (dict(edit_config=lambda c: c.update(vocab_size=c["vocab_size"] + 7)), "vocab"),
+    # DFlash 2 checkpoints
+    "v2_codebook_missing": (
+        dict(base="dflash2-random", drop_weight="candidate_selector.successor_codebook"),
+        "candidate_selector.successor_codebook",
+    ),
+    "v2_top_k_above_vocab": (
+        dict(base="dflash2-random", edit_config=lambda c: c["dflash_config"].update(selector_top_k=10**6)),
+        "selector_top_k",
+    ),
+    "v2_group_not_dividing_hidden": (
+        dict(base="dflash2-random", edit_config=lambda c: c["dflash_config"].update(conv_group_size=7)),
+        "conv_group_size",
+    ),
 }
 
 

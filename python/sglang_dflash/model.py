@@ -1,0 +1,367 @@
+"""Reference DFlash / DFlash 2 drafter in plain torch (batch-first).
+
+The drafter is a stack of Qwen3-style pre-norm layers with no embedding and no
+LM head of its own: block tokens are embedded and decoded with the target's
+tables. It is conditioned on the target through "KV injection":
+
+    ctx        = hidden_norm(fc(concat_j h_{target_layer_ids[j]}))   # [N, H]
+    K_ctx, V_ctx (per layer) = RoPE(k_norm(k_proj(ctx))), v_proj(ctx)
+
+and each block query attends, non-causally, to every valid context key and to
+every key of its own block. Context features never run through the layers as
+tokens; the caller caches `context_kv` and passes it to `forward_block`.
+
+DFlash 2 adds a grouped two-tap dynamic convolution around each attention and
+MLP sublayer (`GroupedConv`) and owns the candidate-selector parameters
+(`CandidateSelector`; the scoring lives in select.py).
+
+Parameter names equal the published checkpoint names (sglang-0.5.23 §8), so
+`DFlashDrafter(cfg).state_dict()` can be saved and loaded as is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import DrafterConfig
+
+
+class RMSNorm(nn.Module):
+    """Qwen3 RMSNorm: normalise in float32, scale in the input dtype."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = _upcast(x)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    """float32 for half / bf16 / fp32 math; float64 stays float64 (exact tests)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
+                 dtype: torch.dtype = torch.float32):
+    """Neox-style (rotate-halves) RoPE tables, as HF Qwen3 builds them.
+
+    Args:
+        positions: [...] int64 absolute positions.
+        dtype: float32 (the served math); float64 only for exact tests.
+    Returns:
+        cos, sin: [..., head_dim] in `dtype`.
+    """
+    exponents = torch.arange(0, head_dim, 2, dtype=dtype, device=positions.device)
+    inv_freq = 1.0 / (theta ** (exponents / head_dim))  # [head_dim / 2]
+    freqs = positions.to(dtype).unsqueeze(-1) * inv_freq  # [..., head_dim / 2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [..., head_dim]
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [..., S, heads, head_dim] by tables [..., S, head_dim] (float32 math)."""
+    x32 = _upcast(x)
+    half = x32.shape[-1] // 2
+    rotated = torch.cat((-x32[..., half:], x32[..., :half]), dim=-1)
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
+    return (x32 * cos + rotated * sin).to(x.dtype)
+
+
+class GroupedConv(nn.Module):
+    """DFlash 2 grouped dynamic depthwise convolution over one block.
+
+    For side s (0 = sublayer input, 1 = sublayer output), row i and channel c:
+
+        out[i, c] = sum_{t < taps} (base[s, t, c] + coef[i, s, t, c // group]) * x[i - t, c]
+
+    with x[i - t] = 0 when i - t < 0: the conv is causal inside a block and
+    never reaches across blocks or into the context. Both sides' coefficients
+    come from one projection of the (normalised) sublayer input. The init
+    (base = 1 at tap 0, projection = 0) makes an untrained conv the identity.
+    """
+
+    def __init__(self, hidden_size: int, taps: int, group_size: int):
+        super().__init__()
+        assert hidden_size % group_size == 0, "validated by DrafterConfig"
+        self.taps = taps
+        self.group_size = group_size
+        self.num_groups = hidden_size // group_size
+        base = torch.zeros(2, taps, hidden_size)  # [side, tap, channel]
+        base[:, 0] = 1.0
+        self.base_kernel = nn.Parameter(base)
+        self.kernel_projection = nn.Linear(hidden_size, 2 * taps * self.num_groups, bias=False)
+        nn.init.zeros_(self.kernel_projection.weight)
+
+    def prepare(self, x: torch.Tensor):
+        """Convolve the sublayer input x [bs, B, H] (side 0).
+
+        Returns:
+            x_conv [bs, B, H] and the side-1 coefficients [bs, B, taps, G].
+        """
+        coef = self.kernel_projection(x).unflatten(-1, (2, self.taps, self.num_groups))
+        return self._convolve(x, coef[..., 0, :, :], side=0), coef[..., 1, :, :]
+
+    def finish(self, y: torch.Tensor, coef_side1: torch.Tensor) -> torch.Tensor:
+        """Convolve the sublayer output y [bs, B, H] with side 1."""
+        return self._convolve(y, coef_side1, side=1)
+
+    def _convolve(self, x: torch.Tensor, coef: torch.Tensor, side: int) -> torch.Tensor:
+        # x [bs, B, H]; coef [bs, B, taps, G]
+        groups = x.unflatten(-1, (self.num_groups, self.group_size))  # [bs, B, G, gs]
+        base = self.base_kernel[side].view(self.taps, self.num_groups, self.group_size)
+        kernel = base + coef.unsqueeze(-1)  # [bs, B, taps, G, gs]
+        out = kernel[:, :, 0] * groups
+        for t in range(1, min(self.taps, x.shape[1])):
+            shifted = F.pad(groups[:, :-t], (0, 0, 0, 0, t, 0))  # row i holds x[i - t]
+            out = out + kernel[:, :, t] * shifted
+        return out.flatten(-2)
+
+
+class Attention(nn.Module):
+    """Non-causal GQA attention of block queries over [context, block] keys."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads, cfg.num_key_value_heads, d)
+        self.rope_theta = cfg.rope_theta
+        self.q_proj = nn.Linear(h, self.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def key_value(self, x: torch.Tensor, positions: torch.Tensor):
+        """x [..., S, H], positions [..., S] -> k, v [..., S, kv_heads, head_dim]."""
+        k = self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, _upcast(k).dtype)
+        return apply_rope(self.k_norm(k), cos, sin), v
+
+    def forward(self, x, positions, ctx_k, ctx_v, ctx_valid) -> torch.Tensor:
+        """x [bs, B, H], positions [bs, B]; ctx_k/v [bs, L, kvh, d]; ctx_valid [bs, L]."""
+        bs, block, _ = x.shape
+        q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, _upcast(q).dtype)
+        q = apply_rope(self.q_norm(q), cos, sin)  # [bs, B, nh, d]
+        k, v = self.key_value(x, positions)  # [bs, B, kvh, d]
+        k = torch.cat((ctx_k.to(k.dtype), k), dim=1)  # [bs, L + B, kvh, d]
+        v = torch.cat((ctx_v.to(v.dtype), v), dim=1)
+        block_valid = ctx_valid.new_ones(bs, block)
+        valid = torch.cat((ctx_valid, block_valid), dim=1)  # [bs, L + B]
+        out = _masked_attention(q, k, v, valid)
+        return self.o_proj(out.flatten(-2))
+
+
+def _masked_attention(q, k, v, valid) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v over valid keys, GQA (query head h reads kv head h // group).
+
+    Args:
+        q: [bs, B, nh, d]; k, v: [bs, S, kvh, d]; valid: [bs, S] bool.
+    Returns:
+        [bs, B, nh, d]. Every query row has at least its own block's keys, so
+        no row is all-masked.
+    """
+    # NOTE: SDPA keeps the [bs, nh, B, S] scores out of Python-visible memory and
+    # is CUDA-graph capturable; the mask is a broadcast key mask.
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+        attn_mask=valid[:, None, None, :], scale=1.0 / math.sqrt(q.shape[-1]), enable_gqa=True)
+    return out.transpose(1, 2)
+
+
+class MLP(nn.Module):
+    """down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = nn.Linear(h, i, bias=False)
+        self.up_proj = nn.Linear(h, i, bias=False)
+        self.down_proj = nn.Linear(i, h, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm layer: norm -> [conv.prepare] -> sublayer -> [conv.finish] -> residual add."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+        self.attention_conv = _make_conv(cfg)
+        self.mlp_conv = _make_conv(cfg)
+
+    def forward(self, h, positions, ctx_k, ctx_v, ctx_valid) -> torch.Tensor:
+        attn = partial(self.self_attn, positions=positions, ctx_k=ctx_k, ctx_v=ctx_v,
+                       ctx_valid=ctx_valid)
+        h = h + _wrapped(self.attention_conv, attn, self.input_layernorm(h))
+        x = self.post_attention_layernorm(h)
+        return h + _wrapped(self.mlp_conv, self.mlp, x)
+
+
+def _make_conv(cfg: DrafterConfig) -> GroupedConv | None:
+    if not cfg.has_conv:
+        return None
+    return GroupedConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
+
+
+def _wrapped(conv: GroupedConv | None, sublayer, x: torch.Tensor) -> torch.Tensor:
+    if conv is None:
+        return sublayer(x)
+    x, coef_side1 = conv.prepare(x)
+    return conv.finish(sublayer(x), coef_side1)
+
+
+class CandidateSelector(nn.Module):
+    """DFlash 2 selector parameters: Wp, Ws [V, r] and Wh = hidden_projection [r, H]."""
+
+    def __init__(self, hidden_size: int, vocab_size: int, rank: int):
+        super().__init__()
+        self.predecessor_codebook = nn.Parameter(torch.randn(vocab_size, rank) * 0.02)
+        self.successor_codebook = nn.Parameter(torch.randn(vocab_size, rank) * 0.02)
+        self.hidden_projection = nn.Linear(hidden_size, rank, bias=False)
+
+
+class DFlashDrafter(nn.Module):
+    """DFlash (v1) or DFlash 2 drafter; see the module docstring."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden_size
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.fc = nn.Linear(cfg.num_context_features * h, h, bias=False)
+        self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.candidate_selector = (
+            CandidateSelector(h, cfg.vocab_size, cfg.selector_rank) if cfg.has_selector else None)
+
+    def context_features(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        """[N, n*H] concatenated target layer outputs -> [N, H] context features."""
+        expected = self.fc.in_features
+        if target_hidden.shape[-1] != expected:
+            raise ValueError(
+                f"target_hidden has shape {tuple(target_hidden.shape)}; expected [..., {expected}] "
+                f"({self.cfg.num_context_features} target layers x hidden {self.cfg.hidden_size})")
+        return self.hidden_norm(self.fc(target_hidden))
+
+    def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor):
+        """Per-layer K/V of context features, to be cached by the caller.
+
+        Args:
+            ctx: [N, H] context features; positions: [N] int64 absolute positions.
+        Returns:
+            k, v: each [num_layers, N, kv_heads, head_dim].
+        """
+        pairs = [layer.self_attn.key_value(ctx, positions) for layer in self.layers]
+        return torch.stack([k for k, _ in pairs]), torch.stack([v for _, v in pairs])
+
+    def forward_block(self, block_embeds, block_positions, ctx_k, ctx_v, ctx_valid):
+        """One draft pass over a batch of blocks.
+
+        Args:
+            block_embeds: [bs, B, H] target embedding of [anchor, mask x (B-1)].
+            block_positions: [bs, B] int64 absolute positions.
+            ctx_k, ctx_v: [num_layers, bs, L, kv_heads, head_dim] gathered context
+                K/V (padded); ctx_valid: [bs, L] bool, False on padding.
+        Returns:
+            hidden: [bs, B, H] after the final norm.
+        """
+        _check_block_inputs(self.cfg, block_embeds, block_positions, ctx_k, ctx_v, ctx_valid)
+        h = block_embeds
+        for i, layer in enumerate(self.layers):
+            h = layer(h, block_positions, ctx_k[i], ctx_v[i], ctx_valid)
+        return self.norm(h)
+
+    def reference_draft_logits(self, hidden, lm_head_weight) -> torch.Tensor:
+        return reference_draft_logits(hidden, lm_head_weight)
+
+
+def reference_draft_logits(hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
+    """Draft logits through the target head: [..., H] x [V, H] -> [..., V] (float32)."""
+    return hidden.float() @ lm_head_weight.float().t()
+
+
+def _check_block_inputs(cfg, block_embeds, block_positions, ctx_k, ctx_v, ctx_valid) -> None:
+    bs, block, hidden = block_embeds.shape
+    kv_shape = (cfg.num_hidden_layers, bs, ctx_valid.shape[-1], cfg.num_key_value_heads,
+                cfg.head_dim)
+    problems = []
+    if hidden != cfg.hidden_size:
+        problems.append(f"block_embeds {tuple(block_embeds.shape)} != [bs, B, {cfg.hidden_size}]")
+    if tuple(block_positions.shape) != (bs, block):
+        problems.append(f"block_positions {tuple(block_positions.shape)} != {(bs, block)}")
+    for name, t in (("ctx_k", ctx_k), ("ctx_v", ctx_v)):
+        if tuple(t.shape) != kv_shape:
+            problems.append(f"{name} {tuple(t.shape)} != {kv_shape}")
+    if ctx_valid.dim() != 2 or ctx_valid.shape[0] != bs or ctx_valid.dtype != torch.bool:
+        problems.append(f"ctx_valid {tuple(ctx_valid.shape)} {ctx_valid.dtype} != [{bs}, L] bool")
+    if problems:
+        raise ValueError("forward_block: " + "; ".join(problems))
+
+
+# ---------------------------------------------------------------------------
+# Reference helpers around an HF target (duck-typed: no transformers import)
+# ---------------------------------------------------------------------------
+
+
+def target_features(target, input_ids, layer_ids: Sequence[int], attention_mask=None):
+    """Concatenated target layer outputs for every position.
+
+    Layer id k is the output of target layer k, i.e. HF `hidden_states[k + 1]`
+    (entry 0 is the embedding output).
+
+    Args:
+        target: an HF causal LM; input_ids: [bs, T]; attention_mask: [bs, T] or None.
+    Returns:
+        features [bs, T, n*H] and the target logits [bs, T, V].
+    """
+    out = target(input_ids=input_ids, attention_mask=attention_mask,
+                 output_hidden_states=True, use_cache=False)
+    feats = torch.cat([out.hidden_states[k + 1] for k in layer_ids], dim=-1)
+    return feats, out.logits
+
+
+@torch.no_grad()
+def reference_draft_step(drafter: DFlashDrafter, target, token_ids: torch.Tensor,
+                         mask_token_id: int) -> torch.Tensor:
+    """Greedy draft for one sequence whose last token is the anchor.
+
+    The context is every token before the anchor (the positions whose target
+    features exist at decode time); the block is [anchor, MASK x (B-1)].
+
+    Args:
+        token_ids: [T] committed tokens (T >= 2); token_ids[-1] is the anchor.
+    Returns:
+        draft tokens [B-1] int64 (argmax of the draft logits at block slots 1..B-1).
+    """
+    cfg = drafter.cfg
+    anchor = token_ids.shape[0] - 1
+    feats, _ = target_features(target, token_ids[None, :anchor], cfg.target_layer_ids)
+    positions = torch.arange(anchor + cfg.block_size, device=token_ids.device)
+    ctx_k, ctx_v = drafter.context_kv(drafter.context_features(feats[0]), positions[:anchor])
+    block_ids = torch.full((1, cfg.block_size), mask_token_id, device=token_ids.device)
+    block_ids[0, 0] = token_ids[-1]
+    embeds = target.get_input_embeddings()(block_ids)  # [1, B, H]
+    valid = torch.ones(1, anchor, dtype=torch.bool, device=token_ids.device)
+    hidden = drafter.forward_block(embeds, positions[None, anchor:], ctx_k[:, None],
+                                   ctx_v[:, None], valid)
+    logits = reference_draft_logits(hidden[0, 1:], target.get_output_embeddings().weight)
+    return logits.argmax(dim=-1)

@@ -1,0 +1,203 @@
+"""Strict drafter checkpoint save / load."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+try:
+    import sglang_dflash  # noqa: F401
+except ImportError:  # running from a checkout without an installed package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+
+from sglang_dflash.checkpoint import load_drafter, save_drafter  # noqa: E402
+from sglang_dflash.config import parse_drafter_config  # noqa: E402
+from sglang_dflash.model import DFlashDrafter  # noqa: E402
+
+torch.set_num_threads(1)
+
+TARGET = dict(target_hidden_size=32, target_vocab_size=96, target_num_layers=4)
+
+
+def cfg_dict(version=1):
+    dflash = {"block_size": 4, "target_layer_ids": [0, 2], "mask_token_id": 95}
+    if version == 2:
+        dflash.update(conv_kernel_size=2, conv_group_size=8, selector_rank=4, selector_top_k=5)
+    return {
+        "architectures": ["DFlashDraftModel" if version == 1 else "DFlash2DraftModel"],
+        "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+        "vocab_size": 96, "rope_theta": 10000.0, "num_target_layers": 4,
+        "dflash_config": dflash,
+    }
+
+
+def saved(tmp_path, version=1, seed=0):
+    raw = cfg_dict(version)
+    torch.manual_seed(seed)
+    model = DFlashDrafter(parse_drafter_config(raw))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    save_drafter(model, raw, tmp_path)
+    return model.eval(), tmp_path
+
+
+def rewrite_weights(path: Path, mutate):
+    weights = load_file(str(path / "model.safetensors"))
+    mutate(weights)
+    save_file(weights, str(path / "model.safetensors"))
+
+
+def block_outputs(model):
+    gen = torch.Generator().manual_seed(1)
+    cfg = model.cfg
+    feats = torch.randn(5, 2 * 32, generator=gen)
+    k, v = model.context_kv(model.context_features(feats), torch.arange(5))
+    embeds = torch.randn(1, cfg.block_size, 32, generator=gen)
+    pos = torch.arange(5, 5 + cfg.block_size)[None]
+    valid = torch.ones(1, 5, dtype=torch.bool)
+    return model.forward_block(embeds, pos, k[:, None], v[:, None], valid)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_round_trip_identical(tmp_path, version):
+    model, path = saved(tmp_path, version)
+    loaded = load_drafter(path, **TARGET)
+    assert loaded.cfg == model.cfg
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    with torch.no_grad():
+        assert torch.equal(block_outputs(loaded), block_outputs(model))
+    assert json.loads((path / "config.json").read_text()) == cfg_dict(version)
+
+
+def test_save_is_deterministic(tmp_path):
+    _, a = saved(tmp_path / "a")
+    _, b = saved(tmp_path / "b")
+    for name in ("model.safetensors", "config.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes()
+
+
+def test_model_prefix_and_sharding_tolerated(tmp_path):
+    model, path = saved(tmp_path)
+    weights = load_file(str(path / "model.safetensors"))
+    (path / "model.safetensors").unlink()
+    names = sorted(weights)
+    save_file({"model." + n: weights[n] for n in names[:10]}, str(path / "part-1.safetensors"))
+    save_file({n: weights[n] for n in names[10:]}, str(path / "part-2.safetensors"))
+    loaded = load_drafter(path, **TARGET)
+    assert torch.equal(loaded.fc.weight, model.fc.weight)
+
+
+def test_dtype_cast(tmp_path):
+    _, path = saved(tmp_path)
+    assert load_drafter(path, **TARGET, dtype=torch.bfloat16).fc.weight.dtype == torch.bfloat16
+
+
+def expect_error(path, *words, **target):
+    with pytest.raises(ValueError) as info:
+        load_drafter(path, **(target or TARGET))
+    message = str(info.value)
+    assert message.startswith(f"invalid DFlash drafter checkpoint at {path}: "), message
+    for word in words:
+        assert word in message, (word, message)
+    return message
+
+
+def test_missing_weight(tmp_path):
+    _, path = saved(tmp_path, version=2)
+    rewrite_weights(path, lambda w: [w.pop("layers.1.mlp_conv.base_kernel"),
+                                     w.pop("candidate_selector.successor_codebook")])
+    expect_error(path, "missing weights", "layers.1.mlp_conv.base_kernel",
+                 "candidate_selector.successor_codebook")
+
+
+def test_unexpected_weight(tmp_path):
+    _, path = saved(tmp_path)
+    rewrite_weights(path, lambda w: w.update({"lm_head.weight": torch.zeros(96, 32)}))
+    expect_error(path, "unexpected weights", "lm_head.weight")
+
+
+def test_misnamed_weight(tmp_path):
+    _, path = saved(tmp_path, version=2)
+    rewrite_weights(path, lambda w: w.update(
+        {"candidate_selector.pred_codebook": w.pop("candidate_selector.predecessor_codebook")}))
+    msg = expect_error(path, "missing weights", "candidate_selector.predecessor_codebook",
+                       "unexpected weights", "candidate_selector.pred_codebook")
+    assert "missing" in msg
+
+
+def test_wrong_shape(tmp_path):
+    _, path = saved(tmp_path)
+    rewrite_weights(path, lambda w: w.update({"fc.weight": torch.zeros(32, 96)}))
+    expect_error(path, "fc.weight", "[32, 96]", "expected [32, 64]")
+
+
+def test_non_finite(tmp_path):
+    _, path = saved(tmp_path)
+
+    def poison(w):
+        w["norm.weight"][3] = float("nan")
+    rewrite_weights(path, poison)
+    expect_error(path, "norm.weight", "non-finite")
+
+
+def test_no_weight_files(tmp_path):
+    _, path = saved(tmp_path)
+    (path / "model.safetensors").unlink()
+    expect_error(path, "no *.safetensors")
+
+
+def test_no_config(tmp_path):
+    _, path = saved(tmp_path)
+    (path / "config.json").unlink()
+    expect_error(path, "config.json not found")
+
+
+def test_hidden_size_mismatch(tmp_path):
+    _, path = saved(tmp_path)
+    expect_error(path, "hidden_size = 32", "target's hidden_size = 64",
+                 **{**TARGET, "target_hidden_size": 64})
+
+
+def test_vocab_mismatch(tmp_path):
+    _, path = saved(tmp_path)
+    expect_error(path, "vocab_size = 96", "target's vocab_size = 128",
+                 **{**TARGET, "target_vocab_size": 128})
+
+
+def test_target_layer_ids_out_of_range(tmp_path):
+    _, path = saved(tmp_path)
+    raw = cfg_dict()
+    raw["dflash_config"]["target_layer_ids"] = [0, 5]
+    (path / "config.json").write_text(json.dumps(raw))
+    expect_error(path, "dflash_config.target_layer_ids[1] = 5", "out of range",
+                 "4 layers")
+
+
+def test_save_rejects_mismatched_config(tmp_path):
+    model = DFlashDrafter(parse_drafter_config(cfg_dict()))
+    raw = cfg_dict()
+    raw["num_hidden_layers"] = 3
+    with pytest.raises(ValueError, match="differs"):
+        save_drafter(model, raw, tmp_path)
+
+
+ASSETS = Path(sys.modules["sglang_dflash"].__file__).resolve().parent / "assets" / "tiny"
+
+
+@pytest.mark.parametrize("name,version", [("drafter-random", 1), ("dflash2-random", 2),
+                                          ("drafter-trained", 1)])
+def test_bundled_tiny_drafters_load(name, version):
+    if not (ASSETS / name / "config.json").is_file():
+        pytest.skip(f"{ASSETS / name} not built (python -m sglang_dflash.tiny_models)")
+    target = json.loads((ASSETS / "target" / "config.json").read_text())
+    model = load_drafter(ASSETS / name, target_hidden_size=target["hidden_size"],
+                         target_vocab_size=target["vocab_size"],
+                         target_num_layers=target["num_hidden_layers"])
+    assert model.cfg.version == version and model.cfg.block_size == 8
+    assert model.cfg.mask_token_id is not None
