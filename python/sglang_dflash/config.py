@@ -8,9 +8,22 @@ returns a frozen `DrafterConfig`. Every key read is validated; a failure raises
     drafter config: dflash_config.target_layer_ids[2] = 9 is out of range for a
     target with 4 layers
 
-Features this package does not implement (sliding-window or causal draft
-layers, RoPE scaling, Gemma norms, attention sinks, Domino projectors, drafter
-embeddings) are rejected explicitly rather than ignored.
+Per-layer attention follows sglang 0.5.23 (`models/dflash.py`
+`_get_dflash_layer_attention_params`): with no `layer_types` every layer is
+non-causal (ENCODER_ONLY); a `"full_attention"` layer is non-causal unless
+`is_causal` is true; a `"sliding_attention"` layer is causal with the
+RadixAttention window `sliding_window - 1`, i.e. a query at position q sees keys
+at positions [q - (sliding_window - 1), q]. The result is stored per layer as
+`DrafterConfig.layer_causal` / `layer_window`.
+
+Features this package does not implement (RoPE scaling, Gemma norms, attention
+sinks, Domino projectors, drafter embeddings) are rejected explicitly rather
+than ignored, and so are the attention-type combinations whose upstream meaning
+is ambiguous: `is_causal: true` without `layer_types` (sglang ignores it there,
+transformers-filled `layer_types` would honour it), `is_causal: false` with
+sliding layers (a non-causal window differs between sglang's attention
+backends) and `use_sliding_window: true` without `layer_types` (transformers
+would derive sliding layers from `max_window_layers`).
 """
 
 from __future__ import annotations
@@ -62,10 +75,16 @@ class DrafterConfig:
     selector_top_k: int = 0  # K
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
+    # Per draft layer: causal mask (k_pos <= q_pos) and window w (keys with
+    # k_pos >= q_pos - w; RadixAttention's sliding_window_size = sliding_window - 1;
+    # None = unbounded). None fills in all-non-causal, unwindowed layers.
+    layer_causal: tuple[bool, ...] | None = None
+    layer_window: tuple[int | None, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_layer_ids", tuple(self.target_layer_ids))
         _check_backbone(self)
+        _fill_layer_attention(self)
         _check_dflash(self)
         _check_target_layer_ids(self.target_layer_ids, self.num_target_layers)
 
@@ -81,6 +100,11 @@ class DrafterConfig:
     @property
     def has_selector(self) -> bool:
         return self.selector_rank > 0
+
+    @property
+    def has_masked_layers(self) -> bool:
+        """True when some layer is causal or windowed (needs a per-query mask)."""
+        return any(self.layer_causal) or any(w is not None for w in self.layer_window)
 
     @property
     def conv_num_groups(self) -> int:
@@ -110,6 +134,26 @@ def _check_backbone(c: DrafterConfig) -> None:
     _require(c.head_dim % 2 == 0, "head_dim", c.head_dim, "must be even (RoPE rotates halves)")
     _require(_is_positive(c.rms_norm_eps), "rms_norm_eps", c.rms_norm_eps, "must be a number > 0")
     _require(_is_positive(c.rope_theta), "rope_theta", c.rope_theta, "must be a number > 0")
+
+
+def _fill_layer_attention(c: DrafterConfig) -> None:
+    n = c.num_hidden_layers
+    causal = (False,) * n if c.layer_causal is None else c.layer_causal
+    window = (None,) * n if c.layer_window is None else c.layer_window
+    for key, value in (("layer_causal", causal), ("layer_window", window)):
+        _require(isinstance(value, (list, tuple)) and len(value) == n, key, value,
+                 f"must have one entry per draft layer ({n})")
+    causal, window = tuple(causal), tuple(window)
+    object.__setattr__(c, "layer_causal", causal)
+    object.__setattr__(c, "layer_window", window)
+    for i, (is_causal, w) in enumerate(zip(causal, window)):
+        _require(isinstance(is_causal, bool), f"layer_causal[{i}]", is_causal, "must be a bool")
+        if w is None:
+            continue
+        _require(_is_int(w) and w >= 0, f"layer_window[{i}]", w,
+                 "must be None or an int >= 0 (sliding_window - 1)")
+        _require(is_causal, f"layer_window[{i}]", w,
+                 "needs layer_causal[i] = True (a non-causal window is not supported)")
 
 
 def _check_dflash(c: DrafterConfig) -> None:
@@ -247,6 +291,13 @@ class _Reader:
             raise _fail(f"{name} is required but missing")
         return name, default
 
+    def text_or_top_key(self, key: str, default: Any = None) -> tuple[str, Any]:
+        """`text_config.<key>`, falling back to the top level (sglang's dflash_utils)."""
+        name, value = self.text_key(key, default=None)
+        if value is None and self.text is not self.top and self.top.get(key) is not None:
+            return key, self.top[key]
+        return name, (default if value is None else value)
+
     def dflash_key(self, key: str, default: Any, top: bool = False) -> tuple[str, Any]:
         """`dflash_config.<key>`, falling back to the top level when `top`."""
         if self.dflash.get(key) is not None:
@@ -292,20 +343,12 @@ def _parse_rope_theta(r: _Reader) -> float:
     return _as_float(*r.text_key("rope_theta", default=10000.0))
 
 
-def _reject_unsupported(r: _Reader, num_layers: int) -> None:
+def _reject_unsupported(r: _Reader) -> None:
     """Refuse config features whose semantics this drafter does not implement."""
     name, act = r.text_key("hidden_act", default="silu")
     _require(act == "silu", name, act, 'is not supported (only "silu")')
     name, bias = r.text_key("attention_bias", default=False)
     _require(bias is False, name, bias, "must be false (biased projections are not supported)")
-    name, causal = r.text_key("is_causal", default=False)
-    _require(causal is False, name, causal, "must be false (draft attention is non-causal)")
-    name, types = r.text_key("layer_types", default=None)
-    if types is not None:
-        ok = isinstance(types, list) and len(types) == num_layers
-        _require(ok and all(t == "full_attention" for t in types), name, types,
-                 f'must list "full_attention" once per draft layer ({num_layers}); '
-                 "sliding-window draft layers are not supported")
     name, factor = r.text_key("partial_rotary_factor", default=1.0)
     _require(factor == 1.0, name, factor, "must be 1.0 (partial RoPE is not supported)")
     for key in ("use_gemma_norm", "has_embed_tokens", "has_lm_head"):
@@ -316,6 +359,50 @@ def _reject_unsupported(r: _Reader, num_layers: int) -> None:
         _require(value is None, name, value, "is not supported")
     name, sink = r.dflash_key("attention_sink_bias", default=False)
     _require(sink is False, name, sink, "must be false (attention sinks are not supported)")
+
+
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _parse_attention_types(r: _Reader, num_layers: int):
+    """Per-layer (causal, window) as sglang 0.5.23 resolves them (module docstring).
+
+    Returns:
+        layer_causal: tuple[bool, ...]; layer_window: tuple[int | None, ...].
+    """
+    causal_name, is_causal = r.text_key("is_causal", default=None)
+    _require(is_causal is None or isinstance(is_causal, bool), causal_name, is_causal,
+             "must be a bool")
+    types_name, types = r.text_or_top_key("layer_types")
+    if types is None:
+        _require(is_causal is not True, causal_name, is_causal,
+                 "needs an explicit layer_types list (sglang 0.5.23 ignores is_causal when "
+                 "layer_types is absent, while transformers-filled layer_types honour it)")
+        name, swa = r.text_key("use_sliding_window", default=False)
+        _require(swa is False, name, swa,
+                 "needs an explicit layer_types list (transformers would derive sliding "
+                 "layers from max_window_layers)")
+        return (False,) * num_layers, (None,) * num_layers
+    _require(isinstance(types, list) and len(types) == num_layers, types_name, types,
+             f"must be a list with one entry per draft layer (num_hidden_layers = {num_layers})")
+    for i, kind in enumerate(types):
+        _require(kind in _LAYER_TYPES, f"{types_name}[{i}]", kind,
+                 f"is not a supported layer type (one of {list(_LAYER_TYPES)})")
+    window = None
+    if "sliding_attention" in types:
+        _require(is_causal is not False, causal_name, is_causal,
+                 "is not supported with sliding_attention layers (a non-causal sliding "
+                 "window means different masks on different sglang attention backends)")
+        name, size = r.text_or_top_key("sliding_window")
+        if size is None:
+            raise _fail(f"sliding_window is required when {types_name} has "
+                        "sliding_attention layers")
+        size = _as_int(name, size)
+        _require(size >= 1, name, size, "must be an int >= 1")
+        window = size - 1  # HF windows include the query token; sglang stores window_left
+    full_causal = bool(is_causal)
+    return (tuple(full_causal if t == "full_attention" else True for t in types),
+            tuple(None if t == "full_attention" else window for t in types))
 
 
 def _parse_layer_ids(r: _Reader, num_target_layers: int | None,
@@ -390,7 +477,8 @@ def parse_drafter_config(
                  f"must be divisible by num_attention_heads = {heads} when head_dim is absent")
         head_dim = ints["hidden_size"] // heads
     head_dim = _as_int(name, head_dim)
-    _reject_unsupported(r, ints["num_hidden_layers"])
+    _reject_unsupported(r)
+    layer_causal, layer_window = _parse_attention_types(r, ints["num_hidden_layers"])
     num_target_layers = _resolve_target_layers(r, target_num_layers)
     cfg = DrafterConfig(
         version=_parse_version(r),
@@ -411,6 +499,8 @@ def parse_drafter_config(
         selector_top_k=_as_int(*r.dflash_key("selector_top_k", 0)),
         output_multiplier=_as_float(*r.dflash_key("output_multiplier", 1.0)),
         final_logit_softcapping=_parse_softcap(r),
+        layer_causal=layer_causal,
+        layer_window=layer_window,
     )
     _check_against_target(cfg, target_hidden_size, target_vocab_size)
     return cfg

@@ -7,9 +7,16 @@ tables. It is conditioned on the target through "KV injection":
     ctx        = hidden_norm(fc(concat_j h_{target_layer_ids[j]}))   # [N, H]
     K_ctx, V_ctx (per layer) = RoPE(k_norm(k_proj(ctx))), v_proj(ctx)
 
-and each block query attends, non-causally, to every valid context key and to
-every key of its own block. Context features never run through the layers as
-tokens; the caller caches `context_kv` and passes it to `forward_block`.
+and each block query attends to the valid context keys and to the keys of its
+own block. By default (every published DFlash v1 drafter) the attention is
+non-causal: a query sees every valid context key and every key of its block.
+A layer may instead be causal (`cfg.layer_causal[i]`: keys with k_pos <= q_pos)
+and windowed (`cfg.layer_window[i]` = w: keys with k_pos >= q_pos - w), as
+sglang resolves `layer_types` / `sliding_window` / `is_causal` (config.py).
+Context key column j is at position j (callers gather context in position
+order); block keys are at `block_positions`. Context features never run
+through the layers as tokens; the caller caches `context_kv` and passes it to
+`forward_block`.
 
 DFlash 2 adds a grouped two-tap dynamic convolution around each attention and
 MLP sublayer (`GroupedConv`) and owns the candidate-selector parameters
@@ -128,10 +135,15 @@ class GroupedConv(nn.Module):
 
 
 class Attention(nn.Module):
-    """Non-causal GQA attention of block queries over [context, block] keys."""
+    """GQA attention of block queries over [context, block] keys.
 
-    def __init__(self, cfg: DrafterConfig):
+    `causal`: keys with k_pos <= q_pos only; `window` w: keys with
+    k_pos >= q_pos - w only (None = unbounded). Both off = non-causal.
+    """
+
+    def __init__(self, cfg: DrafterConfig, causal: bool = False, window: int | None = None):
         super().__init__()
+        self.causal, self.window = causal, window
         h, d = cfg.hidden_size, cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = (
             cfg.num_attention_heads, cfg.num_key_value_heads, d)
@@ -161,24 +173,56 @@ class Attention(nn.Module):
         v = torch.cat((ctx_v.to(v.dtype), v), dim=1)
         block_valid = ctx_valid.new_ones(bs, block)
         valid = torch.cat((ctx_valid, block_valid), dim=1)  # [bs, L + B]
-        out = _masked_attention(q, k, v, valid)
+        key_positions = None
+        if self.causal or self.window is not None:
+            ctx_positions = torch.arange(ctx_valid.shape[1], device=positions.device)
+            key_positions = torch.cat(
+                (ctx_positions.expand(bs, -1), positions), dim=1)  # [bs, L + B]
+        out = _masked_attention(q, k, v, valid, positions, key_positions,
+                                causal=self.causal, window=self.window)
         return self.o_proj(out.flatten(-2))
 
 
-def _masked_attention(q, k, v, valid) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d)) v over valid keys, GQA (query head h reads kv head h // group).
+def attention_mask(valid, query_positions, key_positions, *, causal: bool,
+                   window: int | None) -> torch.Tensor:
+    """Per-query visibility [bs, B, S]: key j is seen by query i iff valid[j] and,
+    when causal, k_pos <= q_pos and, when windowed, k_pos >= q_pos - window.
+
+    Args:
+        valid: [bs, S] bool; query_positions: [bs, B]; key_positions: [bs, S] int64.
+    """
+    mask = valid[:, None, :]
+    q_pos, k_pos = query_positions[:, :, None], key_positions[:, None, :]
+    if causal:
+        mask = mask & (k_pos <= q_pos)
+    if window is not None:
+        mask = mask & (k_pos >= q_pos - window)
+    return mask.expand(-1, query_positions.shape[1], -1)
+
+
+def _masked_attention(q, k, v, valid, query_positions=None, key_positions=None, *,
+                      causal: bool = False, window: int | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v over visible keys, GQA (query head h reads kv head h // group).
 
     Args:
         q: [bs, B, nh, d]; k, v: [bs, S, kvh, d]; valid: [bs, S] bool.
+        query_positions [bs, B] / key_positions [bs, S]: needed when causal or
+            windowed (see `attention_mask`); the last B keys are the block's own,
+            at the query positions.
     Returns:
-        [bs, B, nh, d]. Every query row has at least its own block's keys, so
-        no row is all-masked.
+        [bs, B, nh, d]. Every query sees at least its own block key (valid,
+        k_pos = q_pos), so no row is all-masked.
     """
+    if causal or window is not None:
+        mask = attention_mask(valid, query_positions, key_positions, causal=causal,
+                              window=window)[:, None]  # [bs, 1, B, S]
+    else:
+        mask = valid[:, None, None, :]  # broadcast key mask (non-causal, unwindowed)
     # NOTE: SDPA keeps the [bs, nh, B, S] scores out of Python-visible memory and
-    # is CUDA-graph capturable; the mask is a broadcast key mask.
+    # is CUDA-graph capturable.
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        attn_mask=valid[:, None, None, :], scale=1.0 / math.sqrt(q.shape[-1]), enable_gqa=True)
+        attn_mask=mask, scale=1.0 / math.sqrt(q.shape[-1]), enable_gqa=True)
     return out.transpose(1, 2)
 
 
@@ -199,10 +243,11 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm layer: norm -> [conv.prepare] -> sublayer -> [conv.finish] -> residual add."""
 
-    def __init__(self, cfg: DrafterConfig):
+    def __init__(self, cfg: DrafterConfig, layer_id: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, causal=cfg.layer_causal[layer_id],
+                                   window=cfg.layer_window[layer_id])
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
         self.attention_conv = _make_conv(cfg)
@@ -246,7 +291,7 @@ class DFlashDrafter(nn.Module):
         super().__init__()
         self.cfg = cfg
         h = cfg.hidden_size
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.fc = nn.Linear(cfg.num_context_features * h, h, bias=False)
         self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
@@ -280,7 +325,9 @@ class DFlashDrafter(nn.Module):
             block_embeds: [bs, B, H] target embedding of [anchor, mask x (B-1)].
             block_positions: [bs, B] int64 absolute positions.
             ctx_k, ctx_v: [num_layers, bs, L, kv_heads, head_dim] gathered context
-                K/V (padded); ctx_valid: [bs, L] bool, False on padding.
+                K/V (padded); ctx_valid: [bs, L] bool, False on padding. Column j
+                holds the context key at position j (causal / windowed layers
+                compare it with `block_positions`).
         Returns:
             hidden: [bs, B, H] after the final norm.
         """

@@ -17,7 +17,8 @@ from typing import Optional
 
 import torch
 
-from sglang_dflash.rejection import AcceptResult, chain_rejection_sample, greedy_accept, target_probs
+from sglang_dflash.ops import chain_rejection
+from sglang_dflash.rejection import AcceptResult, greedy_accept, target_probs
 
 
 @dataclass
@@ -38,23 +39,32 @@ class SamplingRows:
         return SamplingRows(rep(self.temperature), rep(self.top_p), rep(self.top_k), rep(self.min_p))
 
 
+@dataclass
+class VerifyUniforms:
+    """Pre-drawn randomness of one verify step (drawn by the caller, so a request
+    with a sampling seed is reproducible and the step is graph-capturable)."""
+
+    accept: torch.Tensor  # [bs, S] float32 in [0, 1): accept tests
+    sample: torch.Tensor  # [bs, S+1] float32 in [0, 1): the emitted token's inverse-CDF draw
+
+
 def verify_block(
     drafts: torch.Tensor,
     logits: torch.Tensor,
     rows: Optional[SamplingRows],
     q: Optional[torch.Tensor] = None,
-    generator: Optional[torch.Generator] = None,
+    uniforms: Optional[VerifyUniforms] = None,
 ) -> AcceptResult:
     """Accept a prefix of `drafts` and emit the bonus, per request.
 
     Args:
-        drafts: [bs, S] drafted tokens for block positions 1..S.
+        drafts: [bs, S] drafted tokens for block positions 1..S (S may be 0).
         logits: [bs, S+1, V] target logits after block rows 0..S (penalties,
             bias and grammar already applied).
         rows: per-request sampling parameters; None means all greedy.
         q: [bs, S, V] dense distribution each draft was drawn from, or None
             for deterministic drafts (one-hot q).
-        generator: for the accept uniforms and the emitted-token draws.
+        uniforms: required when some row samples.
     Returns:
         AcceptResult (accept_len [bs], tokens [bs, S+1] with the bonus at accept_len).
     """
@@ -64,18 +74,14 @@ def verify_block(
     greedy_result = greedy_accept(drafts, logits.argmax(dim=-1))
     if rows is None or bool(rows.greedy.all()):
         return greedy_result
+    if uniforms is None:
+        raise ValueError("verify_block: sampled rows need pre-drawn uniforms")
     flat = rows.repeat(width)
     p = target_probs(logits.reshape(-1, vocab).float(), flat.temperature, flat.top_p, flat.top_k, flat.min_p)
     p = p.view(bs, width, vocab)
-    if width == 1:
-        # No drafts (speculation off this step): plain sampling from p.
-        sampled = torch.multinomial(p[:, 0], 1, generator=generator)
-        tokens = torch.where(rows.greedy.unsqueeze(1), greedy_result.tokens, sampled)
-        return AcceptResult(accept_len=greedy_result.accept_len, tokens=tokens)
     if q is None:
         q = torch.nn.functional.one_hot(drafts.long(), vocab).to(p.dtype)
-    uniforms = torch.rand(drafts.shape, generator=generator, device=drafts.device)
-    sampled = chain_rejection_sample(drafts, q, p, uniforms, generator=generator)
+    sampled = chain_rejection(drafts, q, p, uniforms.accept, uniforms.sample)
     greedy = rows.greedy.unsqueeze(1)
     return AcceptResult(
         accept_len=torch.where(rows.greedy, greedy_result.accept_len, sampled.accept_len),

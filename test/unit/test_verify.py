@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sglang_dflash.rejection import target_probs
-from sglang_dflash.verify import SamplingRows, verify_block
+from sglang_dflash.verify import SamplingRows, VerifyUniforms, verify_block
 
 torch.set_num_threads(1)
 V = 16
@@ -35,6 +35,11 @@ def test_greedy_hand_made(drafts, target, accept, bonus):
     assert res.tokens[0, :accept].tolist() == drafts[0][:accept]
 
 
+def _uniforms(bs, num_drafts, seed):
+    g = torch.Generator().manual_seed(seed)
+    return VerifyUniforms(torch.rand(bs, num_drafts, generator=g), torch.rand(bs, num_drafts + 1, generator=g))
+
+
 def _rows(bs, greedy_mask, temperature=1.0):
     greedy = torch.tensor(greedy_mask)
     return SamplingRows(
@@ -51,7 +56,7 @@ def test_mixed_batch_greedy_rows_match_argmax():
     logits = torch.randn(bs, S + 1, V)
     drafts = logits[:, :-1].argmax(-1)  # greedy rows will accept everything
     mask = [i % 2 == 0 for i in range(bs)]
-    res = verify_block(drafts, logits, _rows(bs, mask), generator=torch.Generator().manual_seed(1))
+    res = verify_block(drafts, logits, _rows(bs, mask), uniforms=_uniforms(bs, S, 1))
     greedy = torch.tensor(mask)
     assert (res.accept_len[greedy] == S).all()
     assert (res.bonus[greedy] == logits[greedy, -1].argmax(-1)).all()
@@ -69,7 +74,7 @@ def test_one_hot_draft_is_lossless(temperature):
     logits = row_logits.expand(n, S + 1, V)
     drafts = torch.full((n, S), int(row_logits[0].argmax()))  # a likely but not certain draft
     rows = _rows(n, [False] * n, temperature)
-    res = verify_block(drafts, logits, rows, generator=torch.Generator().manual_seed(3))
+    res = verify_block(drafts, logits, rows, uniforms=_uniforms(n, S, 3))
     first = res.tokens[:, 0]
     empirical = torch.bincount(first, minlength=V).float() / n
     p0 = target_probs(row_logits[:1], torch.tensor([temperature]), torch.ones(1), torch.tensor([V]), torch.zeros(1))[0]
@@ -83,8 +88,7 @@ def test_width_one_is_plain_decoding():
     row_logits = torch.randn(1, V)
     logits = row_logits.expand(n, 1, V)
     mask = [i < 10 for i in range(n)]
-    res = verify_block(torch.zeros(n, 0, dtype=torch.long), logits, _rows(n, mask),
-                       generator=torch.Generator().manual_seed(5))
+    res = verify_block(torch.zeros(n, 0, dtype=torch.long), logits, _rows(n, mask), uniforms=_uniforms(n, 0, 5))
     assert res.accept_len.eq(0).all()
     assert (res.tokens[:10, 0] == row_logits.argmax()).all()
     empirical = torch.bincount(res.tokens[10:, 0], minlength=V).float() / (n - 10)

@@ -44,7 +44,7 @@ from sglang_dflash.policy import SpeculationPolicy
 from sglang_dflash.propose import Proposal, propose_argmax, propose_selector
 from sglang_dflash.rejection import PAD_TOKEN_ID
 from sglang_dflash.stats import SpecStats
-from sglang_dflash.verify import SamplingRows, verify_block
+from sglang_dflash.verify import SamplingRows, VerifyUniforms, verify_block
 
 logger = logging.getLogger(__name__)
 
@@ -182,11 +182,12 @@ class DFlashWorker(BaseSpecWorker):
         cache_loc = rows.gather(1, positions).to(torch.int64)
 
         sampling = _sampling_rows(batch.sampling_info, bs)
-        proposal = self._draft(block, rows, prefix, sampling, width)
+        walk_u, verify_u = self._draw_uniforms(batch.reqs, prefix, width)
+        proposal = self._draft(block, rows, prefix, sampling, width, walk_u)
         verify_ids = torch.cat([block.token_ids[:, :1], proposal.drafts], dim=1)
         logits_output = self._verify(batch, verify_ids, positions, cache_loc, num_verify)
         logits = logits_output.next_token_logits.view(bs, num_verify, -1)
-        result = verify_block(proposal.drafts, logits, sampling, proposal.q, self.generator)
+        result = verify_block(proposal.drafts, logits, sampling, proposal.q, verify_u)
         plan = plan_commit(result.accept_len, prefix, num_verify)
         if on_publish is not None:
             on_publish(plan.new_seq_lens)
@@ -241,17 +242,35 @@ class DFlashWorker(BaseSpecWorker):
     def _lm_head_weight(self):
         return self.model_runner.model.lm_head.weight
 
-    def _draft(self, block, rows, prefix, sampling, width) -> Proposal:
+    def _draw_uniforms(self, reqs, prefix, width):
+        """All uniforms of a step: the selector walk's [bs, B-1], the accept tests'
+        [bs, W] and the emitted tokens' [bs, W+1]. A request with a
+        `sampling_seed` draws from its own stream keyed by (seed, anchor
+        position), so its output does not depend on the rest of the batch."""
+        bs, num_drafts = len(prefix), self.block_size - 1
+        total = num_drafts + 2 * width + 1
+        u = torch.rand((bs, total), generator=self.generator, device=self.device)
+        for i, req in enumerate(reqs):
+            seed = getattr(req.sampling_params, "sampling_seed", None)
+            if seed is not None:
+                g = torch.Generator(device=self.device)
+                g.manual_seed((int(seed) * 1_000_003 + int(prefix[i])) % (1 << 63))
+                u[i] = torch.rand(total, generator=g, device=self.device)
+        walk = u[:, :num_drafts]
+        accept = u[:, num_drafts : num_drafts + width]
+        return walk, VerifyUniforms(accept=accept, sample=u[:, num_drafts + width :])
+
+    def _draft(self, block, rows, prefix, sampling, width, walk_uniforms) -> Proposal:
         """Drafts for the first `width` positions after the anchor (none when 0:
         the drafter does not run). The drafter always drafts its whole block."""
         if width == 0:
             empty = torch.empty((len(prefix), 0), dtype=torch.int64, device=self.device)
             return Proposal(drafts=empty, q=None)
-        proposal = self._draft_block(block, rows, prefix, sampling)
+        proposal = self._draft_block(block, rows, prefix, sampling, walk_uniforms)
         q = None if proposal.q is None else proposal.q[:, :width]
         return Proposal(drafts=proposal.drafts[:, :width], q=q)
 
-    def _draft_block(self, block, rows, prefix, sampling) -> Proposal:
+    def _draft_block(self, block, rows, prefix, sampling, uniforms) -> Proposal:
         """One drafter pass over the block, then the v1 argmax or the v2 selector path."""
         slots, valid = context_slots(rows, prefix)
         ctx_k, ctx_v = self.draft_kv.gather(slots)
@@ -259,8 +278,7 @@ class DFlashWorker(BaseSpecWorker):
         hidden = self.drafter.forward_block(embeds, block.positions, ctx_k, ctx_v, valid)[:, 1:]
         if self.drafter.cfg.version == 1:
             return propose_argmax(hidden, self._lm_head_weight())
-        bs, num_slots = hidden.shape[:2]
-        uniforms = torch.rand((bs, num_slots), generator=self.generator, device=self.device)
+        bs = hidden.shape[0]
         greedy = sampling.greedy if sampling is not None else torch.ones(bs, dtype=torch.bool, device=self.device)
         temperature = sampling.temperature if sampling is not None else torch.ones(bs, device=self.device)
         return propose_selector(
