@@ -105,6 +105,10 @@ def walk(
     _check_walk_inputs(scores, cand_ids, temperature, greedy, uniforms)
     bs, num_slots, k, _ = scores.shape
     batch = torch.arange(bs, device=scores.device)
+    if not scores.is_cuda and bool(greedy.all()):
+        # NOTE: host-side check, CPU only (on CUDA the walk stays branch-free
+        # for graph capture); an all-greedy batch skips the softmax and CDF.
+        return _walk_greedy(scores, cand_ids, batch)
     temp = temperature.float().clamp(min=MIN_TEMPERATURE).unsqueeze(-1)  # [bs, 1]
     row = torch.zeros(bs, dtype=torch.int64, device=scores.device)  # slot 0: any row
     choices, qs = [], []
@@ -115,6 +119,23 @@ def walk(
         row = choice  # the next slot's predecessor is this slot's pick
     choice = torch.stack(choices, dim=1) if choices else row.new_zeros(bs, 0)
     q = torch.stack(qs, dim=1) if qs else scores.new_zeros(bs, 0, k)
+    tokens = torch.gather(cand_ids, -1, choice.unsqueeze(-1)).squeeze(-1)
+    return Path(tokens=tokens.to(torch.int64), choice=choice, q=q)
+
+
+def _walk_greedy(scores: torch.Tensor, cand_ids: torch.Tensor, batch: torch.Tensor) -> Path:
+    """`walk` for all-greedy rows: argmax of the realized row, one-hot q.
+
+    A row with no finite score picks index 0, as in `_walk_slot` (argmax of an
+    all -inf row is 0; NaN is mapped to -inf first)."""
+    bs, num_slots, k, _ = scores.shape
+    row = torch.zeros(bs, dtype=torch.int64, device=scores.device)
+    choices = []
+    for e in range(num_slots):
+        row = _sanitize(scores[batch, e, row].float()).argmax(dim=-1)
+        choices.append(row)
+    choice = torch.stack(choices, dim=1) if choices else row.new_zeros(bs, 0)
+    q = torch.nn.functional.one_hot(choice, k).float()
     tokens = torch.gather(cand_ids, -1, choice.unsqueeze(-1)).squeeze(-1)
     return Path(tokens=tokens.to(torch.int64), choice=choice, q=q)
 

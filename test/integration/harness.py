@@ -50,7 +50,7 @@ def dflash_args(drafter: str) -> dict:
     return dict(speculative_algorithm="DFLASH", speculative_draft_model_path=PATHS[drafter])
 
 
-def run_engine(engine_kwargs: dict, runs: list[dict], timeout: int = 1200) -> dict:
+def run_engine(engine_kwargs: dict, runs: list[dict], timeout: int = 2400) -> dict:
     """Start one engine in a subprocess, execute `runs`, return {name: run}."""
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
