@@ -36,12 +36,23 @@ def test_chunked_prefill_and_radix_hits(prompts):
     assert cached > 0, "the second pass should hit the radix cache"
 
 
-def test_retraction_under_kv_pressure(prompts):
-    # A KV pool far smaller than 12 concurrent requests need forces the
-    # scheduler to retract and later re-prefill requests.
+def test_retraction_under_kv_pressure():
+    # Twelve short prompts with long outputs in a 1000-token KV pool, admitted
+    # optimistically (schedule_conservativeness 0.01): decode runs out of KV,
+    # so the scheduler retracts requests and re-prefills them later.
+    from transformers import AutoTokenizer
+
+    from harness import TARGET
+    from sglang_dflash.prompts import mixed_prompts
+
+    tok = AutoTokenizer.from_pretrained(TARGET)
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": p[:60]}], tokenize=False, add_generation_prompt=True)
+        for p in mixed_prompts(12)
+    ]
     runs = [{"name": "all", "prompts": prompts, "batch_size": 12,
-             "sampling_params": {"max_new_tokens": 96, "temperature": 0.0}}]
-    settings = dict(max_total_tokens=1200, max_running_requests=12)
+             "sampling_params": {"max_new_tokens": 128, "temperature": 0.0}}]
+    settings = dict(max_total_tokens=1000, max_running_requests=12, schedule_conservativeness=0.01)
     plain = run_engine(settings, runs)
     spec = run_engine({**settings, **dflash_args("drafter-trained")}, runs)
     assert _ids(spec["all"]) == _ids(plain["all"])
