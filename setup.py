@@ -22,7 +22,7 @@ setup(
     python_requires=">=3.10",
     install_requires=["sglang==0.5.23", "safetensors", "tokenizers"],
     extras_require={
-        "test": ["pytest", "requests", "scipy"],
+        "test": ["pytest", "requests", "scipy", "matplotlib"],
         "bench": ["matplotlib"],
     },
     entry_points={
