@@ -6,6 +6,7 @@
                                 add CPU defaults for arguments the user did not give.
   sglang-dflash demo ARGS...    serve the bundled pair with DFLASH (`serve` with the
                                 pair's --model-path/--speculative-* arguments filled in).
+  sglang-dflash train ARGS...   train a DFlash / DFlash 2 drafter (python -m sglang_dflash.train --help).
   sglang-dflash cpu-env         print the shell exports for the plain CPU command.
   sglang-dflash patches check|apply   check / apply `patches/` against the installed sglang.
 """
@@ -85,6 +86,10 @@ def main(argv: list[str] | None = None) -> None:
         serve(rest)
     elif cmd == "demo":
         demo(rest)
+    elif cmd == "train":
+        from sglang_dflash.train.cli import main as train_main
+
+        train_main(rest)
     elif cmd == "patches":
         from sglang_dflash.patches import main as patches_main
 

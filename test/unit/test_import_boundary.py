@@ -28,6 +28,9 @@ CORE_MODULES = [
     "sglang_dflash.cpu_runtime",
     "sglang_dflash.train.objective",
     "sglang_dflash.train.trainer",
+    "sglang_dflash.train.cli",
+    "sglang_dflash.train.selector_loss",
+    "sglang_dflash.acceptance",
 ]
 
 

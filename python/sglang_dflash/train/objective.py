@@ -155,11 +155,21 @@ def block_diffusion_loss(drafter: DFlashDrafter, features: torch.Tensor, tokens:
         features: [bs, T, n*H]; tokens, loss_mask: [bs, T]; anchors, anchor_valid: [bs, A];
         lm_head_weight: [V, H] target head (frozen).
     """
-    block = drafter.cfg.block_size
     hidden = draft_hidden_for_anchors(drafter, features, tokens, anchors, embed, mask_token_id)
     logits = reference_draft_logits(hidden[:, 1:], lm_head_weight)  # [bs*A, B-1, V]
-    labels, counted = block_labels(tokens, loss_mask, anchors, anchor_valid, block)
-    labels, counted = labels.flatten(0, 1), counted.flatten(0, 1)  # [bs*A, B-1]
+    labels, counted = block_labels(tokens, loss_mask, anchors, anchor_valid,
+                                   drafter.cfg.block_size)
+    return weighted_block_ce(logits, labels.flatten(0, 1), counted.flatten(0, 1), gamma)
+
+
+def weighted_block_ce(logits: torch.Tensor, labels: torch.Tensor, counted: torch.Tensor,
+                      gamma: float) -> LossOutput:
+    """The weighted CE of `block_diffusion_loss` from draft logits.
+
+    Args:
+        logits: [N, B-1, V] draft logits; labels, counted: [N, B-1].
+    """
+    block = logits.shape[1] + 1
     ce = F.cross_entropy(logits.transpose(1, 2), labels, reduction="none")  # [bs*A, B-1]
     weights = slot_weights(block, gamma).to(ce.device) * counted
     loss = (ce * weights).sum() / weights.sum().clamp(min=1e-9)
