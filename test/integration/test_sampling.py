@@ -12,6 +12,7 @@ fewer than 10 pooled observations merged into one); a p-value below 1e-4 fails
 must reject plain decoding at temperature 0.9 against plain decoding at 1.0.
 """
 
+import os
 from collections import Counter
 
 import pytest
@@ -19,6 +20,12 @@ from scipy.stats import chi2_contingency
 
 from harness import chat_prompts, dflash_args, run_engine
 
+# 20 000 requests through the CPU engine take longer than CI allows on a 2-core
+# host: the test runs only when asked (SGLANG_DFLASH_SLOW_TESTS=1).
+pytestmark = pytest.mark.skipif(
+    os.environ.get("SGLANG_DFLASH_SLOW_TESTS") != "1",
+    reason="slow (20 000 sampled requests per engine); set SGLANG_DFLASH_SLOW_TESTS=1",
+)
 N = 20_000
 SAMPLING = {"max_new_tokens": 4, "temperature": 0.9, "top_p": 0.95, "top_k": 16}
 P_MIN = 1e-4
