@@ -73,7 +73,6 @@ def load_pair(target_dir: str, drafter_dir: str, device: str, dtype):
         mask_id = tok.convert_tokens_to_ids(drafter.cfg.mask_token)
         if mask_id is None or mask_id == tok.unk_token_id:
             raise ValueError(f"drafter has no mask_token_id and the tokenizer has no {drafter.cfg.mask_token!r}")
-    torch.set_grad_enabled(False)
     return tok, target, drafter, int(mask_id)
 
 
@@ -523,8 +522,11 @@ def run(opts, argv=None) -> dict:
 
 
 def main(argv=None) -> int:
+    import torch
+
     opts = parse_args(argv)
-    result = run(opts, argv)
+    with torch.no_grad():  # scoped: tests run in the same process after this
+        result = run(opts, argv)
     os.makedirs(os.path.dirname(opts.out), exist_ok=True)
     common.write_json(opts.out, result)
     print(table(result))

@@ -22,3 +22,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "test/gpu" in str(item.fspath).replace(os.sep, "/") and not has_cuda:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _autograd_mode_is_not_leaked():
+    """A test must not leave autograd disabled for the tests after it."""
+    yield
+    import torch
+
+    assert torch.is_grad_enabled(), "this test left torch autograd disabled (global set_grad_enabled)"
