@@ -37,7 +37,7 @@ def test_chunked_prefill_and_radix_hits(prompts):
 
 
 def test_retraction_under_kv_pressure():
-    # Twelve short prompts with long outputs in a 1000-token KV pool, admitted
+    # Twelve short prompts with long outputs in a 600-token KV pool, admitted
     # optimistically (schedule_conservativeness 0.01): decode runs out of KV,
     # so the scheduler retracts requests and re-prefills them later.
     from transformers import AutoTokenizer
@@ -51,8 +51,8 @@ def test_retraction_under_kv_pressure():
         for p in mixed_prompts(12)
     ]
     runs = [{"name": "all", "prompts": prompts, "batch_size": 12,
-             "sampling_params": {"max_new_tokens": 128, "temperature": 0.0}}]
-    settings = dict(max_total_tokens=1000, max_running_requests=12, schedule_conservativeness=0.01)
+             "sampling_params": {"max_new_tokens": 160, "temperature": 0.0}}]
+    settings = dict(max_total_tokens=600, max_running_requests=12, schedule_conservativeness=0.01)
     plain = run_engine(settings, runs)
     spec = run_engine({**settings, **dflash_args("drafter-trained")}, runs)
     assert _ids(spec["all"]) == _ids(plain["all"])
