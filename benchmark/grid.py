@@ -142,38 +142,49 @@ class BenchServing:
 # ---------------------------------------------------------------------------
 
 
-def write_prompt_files(workloads, n_max: int, directory: str) -> dict[str, dict]:
+def prompt_sets(target: str, workloads, max_new_tokens: int, block_size: int) -> dict[str, dict]:
+    """Per workload: the bundled prompts whose chat-templated length plus the
+    generated tokens (and one block of verify slack) fit the target's context,
+    their token lengths, and how many were left out for not fitting."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from sglang_dflash.prompts import load_prompts
+
+    tok = AutoTokenizer.from_pretrained(target)
+    context = int(getattr(AutoConfig.from_pretrained(target), "max_position_embeddings", 1 << 30))
+    budget = context - max_new_tokens - block_size
+    sets = {}
+    for w in workloads:
+        kept, lengths = [], []
+        for p in load_prompts(w):
+            text = tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                           add_generation_prompt=True)
+            n = len(tok.encode(text))
+            if n <= budget:
+                kept.append(p)
+                lengths.append(n)
+        if not kept:
+            raise SystemExit(f"grid: no {w} prompt fits the target's context of {context} tokens "
+                             f"with {max_new_tokens} new tokens")
+        sets[w] = {"prompts": kept, "longest": max(lengths), "excluded": len(load_prompts(w)) - len(kept)}
+    return sets
+
+
+def write_prompt_files(sets: dict[str, dict], n_max: int, directory: str) -> dict[str, dict]:
     """One bench_serving `custom` JSONL per workload (user turn = the prompt;
     the assistant turn is unused because the output length is fixed). When a
     cell needs more requests than the workload has prompts, prompts repeat."""
-    from sglang_dflash.prompts import load_prompts
-
     files = {}
-    for w in workloads:
-        prompts = load_prompts(w)
+    for w, entry in sets.items():
+        prompts = entry["prompts"]
         rows = [prompts[i % len(prompts)] for i in range(max(n_max, len(prompts)))]
         path = os.path.join(directory, f"prompts_{w}.jsonl")
         with open(path, "w") as f:
             for p in rows:
                 f.write(json.dumps({"conversations": [
                     {"role": "user", "content": p}, {"role": "assistant", "content": "(unused)"}]}) + "\n")
-        files[w] = {"path": path, "unique_prompts": len(prompts)}
+        files[w] = {"path": path, "unique_prompts": len(prompts), "excluded_prompts": entry["excluded"]}
     return files
-
-
-def max_prompt_tokens(target: str, workloads) -> int:
-    from transformers import AutoTokenizer
-
-    from sglang_dflash.prompts import load_prompts
-
-    tok = AutoTokenizer.from_pretrained(target)
-    longest = 0
-    for w in workloads:
-        for p in load_prompts(w):
-            text = tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                           add_generation_prompt=True)
-            longest = max(longest, len(tok.encode(text)))
-    return longest
 
 
 # ---------------------------------------------------------------------------
@@ -610,7 +621,8 @@ def markdown(report: dict, summary: list[dict], plots: list[str], img_prefix: st
         f"requests per cell = max({opts['min_requests']}, {opts['requests_per_slot']} x concurrency)"
         + (f" (fixed {opts['requests']})" if opts["requests"] else "")
         + f", {opts['repeats']} repeat(s), warm-up of min(c, {opts['warmup_requests']}) 8-token requests per cell "
-        f"(not measured), prefix cache flushed before each measured run; schedule `{opts['schedule']}`.",
+        f"(not measured), prefix cache flushed before each measured run; schedule `{opts['schedule']}`."
+        + _excluded_note(opts),
         f"* Servers: `--max-running-requests {opts['max_running_requests']} --max-total-tokens "
         f"{opts['max_total_tokens']} --sleep-on-idle` (+ CPU defaults of `sglang-dflash serve` on a host "
         f"without CUDA).",
@@ -768,8 +780,9 @@ def main(argv=None) -> int:
         return 0
     on_cuda = common.cuda_available()
     os.makedirs(opts.out, exist_ok=True)
+    sets = prompt_sets(opts.target, opts.workloads, opts.max_new_tokens, opts.block_size or 16)
     if opts.max_total_tokens is None:
-        longest = max_prompt_tokens(opts.target, opts.workloads)
+        longest = max(entry["longest"] for entry in sets.values())
         per_req = longest + opts.max_new_tokens + 2 * (opts.block_size or 16)
         opts.max_total_tokens = max(
             16384, math.ceil(opts.max_running_requests * per_req * 1.25 / 1024) * 1024)
@@ -779,7 +792,7 @@ def main(argv=None) -> int:
     with log_ctx as log_dir:
         os.makedirs(log_dir, exist_ok=True)
         n_max = max(requests_for(c, opts) for c in opts.concurrency)
-        prompt_files = write_prompt_files(opts.workloads, n_max, log_dir)
+        prompt_files = write_prompt_files(sets, n_max, log_dir)
         bench = BenchServing(os.path.join(log_dir, "bench_serving.log"))
         print(f"[grid] {opts.mode}: configs {opts.configs}, workloads {opts.workloads}, "
               f"concurrency {opts.concurrency}, repeats {opts.repeats}; logs in {log_dir}", flush=True)
@@ -791,6 +804,7 @@ def main(argv=None) -> int:
         "max_running_requests", "max_total_tokens", "server_args", "schedule", "seed", "target",
         "drafter")}
     settings["unique_prompts"] = {w: f["unique_prompts"] for w, f in prompt_files.items()}
+    settings["excluded_prompts"] = {w: f["excluded_prompts"] for w, f in prompt_files.items()}
     command = [os.path.relpath(os.path.abspath(sys.argv[0]), common.REPO)] if argv is None else [
         "benchmark/grid.py"]
     report = {
@@ -813,6 +827,14 @@ def main(argv=None) -> int:
     render(report, opts.out, opts.results_md, opts.section)
     failed = [c for c in cells if "error" in c]
     return 1 if not cells or len(failed) == len(cells) else 0
+
+
+def _excluded_note(opts: dict) -> str:
+    excluded = {w: n for w, n in (opts.get("excluded_prompts") or {}).items() if n}
+    if not excluded:
+        return ""
+    parts = ", ".join(f"{w} {n} of {n + opts['unique_prompts'][w]}" for w, n in excluded.items())
+    return f" Prompts too long for the target's context with the new tokens were left out ({parts})."
 
 
 def render(report: dict, out: str, results_md: str | None, section: str) -> None:

@@ -1,10 +1,12 @@
 """The bundled model pair.
 
 `python -m sglang_dflash.demo --print-paths` prints the target and the DFLASH
-drafter directories, one per line. Today these are the tiny test pair (a random
-Qwen3-architecture target and a drafter trained on its own outputs, built by
-`python -m sglang_dflash.tiny_models`); a trained demo pair replaces them when
-the training issue lands.
+drafter directories, one per line: the demo pair in `assets/demo/` (a 4.2M
+parameter Qwen3-architecture target trained here with its own BPE tokenizer
+and chat template, and a DFlash 2 drafter, block 8, K 16, trained for it with
+`sglang-dflash train`; see `assets/demo/MODEL_CARD.md`). `sglang-dflash demo`
+serves this pair; the tests use the smaller tiny pair (`tiny_paths()`, built by
+`python -m sglang_dflash.tiny_models`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import argparse
 import os
 
-ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "tiny")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+ASSETS = os.path.join(_HERE, "assets", "tiny")
+DEMO_ASSETS = os.path.join(_HERE, "assets", "demo")
 
 
 def tiny_paths() -> dict[str, str]:
@@ -22,8 +26,8 @@ def tiny_paths() -> dict[str, str]:
 
 
 def demo_pair() -> tuple[str, str]:
-    paths = tiny_paths()
-    return paths["target"], paths["drafter-trained"]
+    """(target, drafter) directories of the bundled demo pair."""
+    return os.path.join(DEMO_ASSETS, "target"), os.path.join(DEMO_ASSETS, "drafter")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -36,9 +36,11 @@ Worker integration (host side, once per decode step):
     policy.observe_verify(w, accept_lens, seconds, bs)   # or observe_plain(seconds, bs)
 
 `accept_lens` are accepted drafts per request (SGLang's per-request
-`accept_lens` count the bonus too: subtract 1); `seconds` is the step time
-measured the same way as the start-up profile, or None for a step that is not
-pure decode (mixed with prefill) so it does not train the cost model.
+`accept_lens` count the bonus too: subtract 1); `seconds` is the step time,
+or None for a step that is not pure decode (mixed with prefill) so it does not
+train the cost model. The SGLang worker passes None there and reports the
+step's full period (start to next start, scheduler overhead included) later
+through `observe_step_time(w, seconds, bs)`.
 
 Mixed batches. SGLang's TARGET_VERIFY layout verifies a fixed number of tokens
 per request, so the policy picks ONE width per step for the whole batch. Pooled
@@ -112,8 +114,8 @@ class PolicyConfig:
     prior_rate: float = 0.7  # a_j before any observation
     request_prior_weight: float = 8.0  # pseudo-observations of batch rates in per-request rates
     max_tracked_requests: int = 4096  # oldest per-request stats evicted beyond this
-    cost_ema: float = 0.1  # EMA factor of the online (log) cost correction
-    cost_prior_weight: float = 4.0  # observations before a (bs bucket, W) cell outweighs global
+    cost_ema: float = 0.05  # forgetting factor of the online step-time fit (window ~ 1/cost_ema steps)
+    cost_prior_weight: float = 1.0  # pseudo-steps holding the fit's scale at 1 (the profile's shape)
     cost_outlier_ratio: float = 3.0  # clip measured/predicted step time to [1/r, r]
     pad_batch_to_profile: bool = False  # cost of bs = cost of the next profiled bs (graph padding)
 
@@ -342,9 +344,56 @@ def _parse_sample(i: int, s: Any) -> tuple[int, int, bool, float]:
     return int(bs), int(q), drafted, float(sec)
 
 
-class CostModel:
-    """Seconds of one decode step: t(bs, W) = [V(bs, W+1) + 1{W>0} D(bs)] * c(bs, W).
+class _AffineFit:
+    """Exponentially forgetting least squares of y = F + s * x for one batch-size bucket.
 
+    x is the profiled step cost, y the measured one. F is what the profile
+    cannot see and every step pays regardless of width (scheduler, Python,
+    sampling, kernel launches); s scales the profiled compute. A ridge prior
+    of `prior_weight` pseudo-steps at s = 1 (at the bucket's typical x) makes a
+    bucket observed at one width only attribute the gap to F, i.e. assume the
+    profile's width-to-width differences are right; steps at several widths
+    (probes) let the data move s. A prior 20x weaker holds F toward `f0` (the
+    nearest other bucket's estimate).
+    """
+
+    __slots__ = ("n", "sx", "sy", "sxx", "sxy", "sbs", "steps")
+
+    def __init__(self) -> None:
+        self.n = self.sx = self.sy = self.sxx = self.sxy = self.sbs = 0.0
+        self.steps = 0
+
+    def add(self, x: float, y: float, bs: int, keep: float) -> None:
+        self.n = self.n * keep + 1.0
+        self.sx = self.sx * keep + x
+        self.sy = self.sy * keep + y
+        self.sxx = self.sxx * keep + x * x
+        self.sxy = self.sxy * keep + x * y
+        self.sbs = self.sbs * keep + bs
+        self.steps += 1
+
+    def solve(self, prior_weight: float, f0: float) -> tuple[float, float]:
+        """(F, s) minimizing the forgetting squared error plus the priors."""
+        xbar = self.sx / self.n
+        ks = prior_weight * xbar * xbar
+        kf = prior_weight / 20.0  # weak: a fixed gap goes 95% to F, 5% to s
+        a00, a01, a11 = self.n + kf, self.sx, self.sxx + ks
+        b0, b1 = self.sy + kf * f0, self.sxy + ks
+        det = a00 * a11 - a01 * a01
+        f = (b0 * a11 - a01 * b1) / det
+        scale = (a00 * b1 - a01 * b0) / det
+        if scale <= 0.0:  # noise can tip a short window; keep the profile's shape
+            f, scale = max((self.sy - self.sx) / self.n, 0.0), 1.0
+        return f, scale
+
+    def mean_bs(self) -> float:
+        return self.sbs / self.n
+
+
+class CostModel:
+    """Seconds of one decode step: t(bs, W) = F_b + s_b * [V(bs, W+1) + 1{W>0} D(bs)].
+
+    The bracket is the start-up profile (`base`):
     * V(bs, q), the target forward at q tokens per request, is a table
       interpolation of the undrafted profile samples: one monotone
       piecewise-linear curve in bs per profiled q, linearly interpolated between
@@ -355,11 +404,20 @@ class CostModel:
     * D(bs), the drafter forward (roughly proportional to bs, independent of W
       since it always drafts the full block), is a monotone piecewise-linear
       curve of the drafted samples' residuals seconds - V(bs, q), clamped >= 0.
-    * c(bs, W) is an online multiplicative correction learned in log space: a
-      global EMA over all steps, plus an EMA per (bs bucket = bs.bit_length(),
-      W) cell blended with the global one by n / (n + prior_weight), so an
-      unobserved cell falls back to the device-wide factor (a uniformly slower
-      device is learned from any steps) and an observed one to its own.
+
+    (F_b, s_b) is learned online from measured step times, per batch-size
+    bucket b = bs.bit_length() (`_AffineFit`): F_b is the per-step cost the
+    profile does not see (on a CPU server the scheduler's own work is a large
+    share of a small model's step, and it does not grow with W), s_b corrects
+    the profiled compute. A bucket without observations borrows the nearest
+    observed bucket's (F, s); with none at all the model is the profile.
+    On top, each observed (bucket, W) cell keeps a multiplicative residual
+    (an EMA of log measured / affine prediction, weighted n / (n + prior_weight))
+    so the widths actually run are predicted as measured even where the profile's
+    shape is off (e.g. interpolated between profiled batch sizes).
+    Why affine and not a multiplicative correction: a fixed overhead learned as
+    a factor on the profile inflates the wide widths' predicted cost by the
+    same factor, which turned speculation off where it paid.
 
     With `pad_batch=True` a batch size is first rounded up to the next profiled
     batch size (unchanged beyond the largest): when the profile holds exactly
@@ -367,20 +425,22 @@ class CostModel:
     where linear interpolation between sizes would be optimistic.
     """
 
-    def __init__(self, verify: Mapping[int, _Curve], draft: _Curve, *, ema: float = 0.1,
-                 prior_weight: float = 4.0, outlier_ratio: float = 3.0,
+    def __init__(self, verify: Mapping[int, _Curve], draft: _Curve, *, ema: float = 0.05,
+                 prior_weight: float = 1.0, outlier_ratio: float = 3.0,
                  pad_batch: bool = False) -> None:
         self._qs = sorted(verify)
         self._verify = [verify[q] for q in self._qs]
         self._draft = draft
         self._padded_sizes = sorted({int(x) for c in self._verify for x in c.xs}
                                     | {int(x) for x in draft.xs}) if pad_batch else []
-        self.ema = float(ema)
+        self.keep = 1.0 - float(ema)
         self.prior_weight = float(prior_weight)
-        self._clip = math.log(outlier_ratio)
+        self.outlier_ratio = float(outlier_ratio)
         self._base_cache: dict[tuple[int, int], float] = {}
-        self._global_log = 0.0
-        self._cells: dict[tuple[int, int], list[float]] = {}  # (bucket, W) -> [log c, n]
+        self.ema = float(ema)
+        self._fits: dict[int, _AffineFit] = {}  # bucket -> fit
+        self._params: dict[int, tuple[float, float]] = {}  # bucket -> solved (F, s), cached
+        self._cells: dict[tuple[int, int], list[float]] = {}  # (bucket, W) -> [log residual, n]
 
     @classmethod
     def from_profile(cls, samples: Iterable[Any], **options: Any) -> CostModel:
@@ -433,38 +493,84 @@ class CostModel:
             self._base_cache[key] = t = max(t, 1e-9)
         return t
 
-    def _log_correction(self, bs: int, width: int) -> float:
-        cell = self._cells.get((bs.bit_length(), width))
-        if cell is None:
-            return self._global_log
-        lam = cell[1] / (cell[1] + self.prior_weight)
-        return lam * cell[0] + (1.0 - lam) * self._global_log
+    def _nearest(self, bucket: int) -> int | None:
+        """The observed bucket nearest to `bucket` (the smaller one on a tie), or None."""
+        if not self._fits:
+            return None
+        return min(self._fits, key=lambda b: (abs(b - bucket), b))
+
+    def params(self, bs: int) -> tuple[float, float]:
+        """(F seconds, scale s) of the online fit at this batch size."""
+        bucket = bs.bit_length()
+        cached = self._params.get(bucket)
+        if cached is not None:
+            return cached
+        if bucket in self._fits:
+            near = self._nearest_other(bucket)
+            f0 = self.params_of(near)[0] if near is not None else 0.0
+            value = self._fits[bucket].solve(self.prior_weight, f0)
+        else:
+            near = self._nearest(bucket)
+            value = self.params_of(near) if near is not None else (0.0, 1.0)
+        self._params[bucket] = value
+        return value
+
+    def params_of(self, bucket: int) -> tuple[float, float]:
+        """(F, s) solved from one observed bucket's own data alone (prior F = 0)."""
+        return self._fits[bucket].solve(self.prior_weight, 0.0)
+
+    def _nearest_other(self, bucket: int) -> int | None:
+        others = [b for b in self._fits if b != bucket]
+        return min(others, key=lambda b: (abs(b - bucket), b)) if others else None
 
     def correction(self, bs: int, width: int) -> float:
-        """Current multiplicative correction c(bs, W)."""
-        return math.exp(self._log_correction(bs, width))
+        """Current predicted / profiled seconds at (bs, W)."""
+        return self.predict(bs, width) / self.base(bs, width)
+
+    def _affine(self, bs: int, width: int) -> float:
+        f, scale = self.params(bs)
+        return max(f + scale * self.base(bs, width), 1e-9)
+
+    def _residual(self, bs: int, width: int) -> float:
+        cell = self._cells.get((bs.bit_length(), width))
+        if cell is None:
+            return 0.0
+        return cell[0] * cell[1] / (cell[1] + self.prior_weight)
 
     def predict(self, bs: int, width: int) -> float:
         """Predicted seconds of one step at batch size bs and verify width W."""
-        return self.base(bs, width) * math.exp(self._log_correction(bs, width))
+        return self._affine(bs, width) * math.exp(self._residual(bs, width))
 
     def observe(self, bs: int, width: int, seconds: float) -> None:
-        """Learn from one measured pure decode step (outliers clipped to the ratio bound)."""
+        """Learn from one measured decode step (clipped to `outlier_ratio` of the prediction)."""
         if not (_is_real(seconds) and math.isfinite(seconds) and seconds > 0):
             raise _fail(f"step_seconds = {seconds!r} must be a finite number > 0")
-        base_log = math.log(seconds / self.base(bs, width))
-        pred = self._log_correction(bs, width)
-        x = min(max(base_log, pred - self._clip), pred + self._clip)
-        cell = self._cells.setdefault((bs.bit_length(), width), [self._global_log, 0.0])
-        self._global_log += self.ema * (x - self._global_log)
-        cell[0] += self.ema * (x - cell[0])
+        pred = self.predict(bs, width)
+        r = self.outlier_ratio
+        y = min(max(seconds, pred / r), pred * r)
+        bucket = bs.bit_length()
+        fit = self._fits.get(bucket)
+        if fit is None:
+            fit = self._fits[bucket] = _AffineFit()
+        fit.add(self.base(bs, width), y, bs, self.keep)
+        self._params.clear()  # neighbours borrow from this bucket
+        # The residual is what the updated affine fit still misses in this cell.
+        cell = self._cells.setdefault((bucket, width), [0.0, 0.0])
+        cell[0] += self.ema * (math.log(y / self._affine(bs, width)) - cell[0])
         cell[1] += 1.0
 
     def snapshot(self) -> dict:
-        """JSON-serializable correction state."""
+        """JSON-serializable state of the online fit, per observed bucket."""
+        buckets = {}
+        for b in sorted(self._fits):
+            f, scale = self.params(1 << (b - 1))
+            fit = self._fits[b]
+            buckets[f"bs{1 << (b - 1)}-{(1 << b) - 1}"] = {
+                "overhead_ms": round(f * 1e3, 3), "scale": round(scale, 4),
+                "steps": fit.steps, "mean_bs": round(fit.mean_bs(), 1)}
         cells = {f"bucket{b}/w{w}": round(math.exp(c[0]), 4)
                  for (b, w), c in sorted(self._cells.items())}
-        return {"global_correction": round(math.exp(self._global_log), 4), "cells": cells}
+        return {"buckets": buckets, "residuals": cells}
 
 
 # ---------------------------------------------------------------------------
@@ -640,6 +746,13 @@ class SpeculationPolicy:
         self.stats.tick()
         if step_seconds is not None and self.cost is not None:
             self.cost.observe(batch_size, 0, step_seconds)
+
+    def observe_step_time(self, width: int, step_seconds: float, batch_size: int) -> None:
+        """Feed back the measured duration of one decode step at `width`, for
+        callers that learn it after the acceptance feedback (the worker times
+        a step from its start to the next step's start)."""
+        if self.cost is not None:
+            self.cost.observe(batch_size, width, step_seconds)
 
     def _observe_requests(self, width: int, accept_lens: Sequence[int],
                           request_ids: Sequence[Hashable]) -> None:

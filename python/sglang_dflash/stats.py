@@ -20,10 +20,14 @@ class SpecStats:
         self.last_width = 0
         self.reached = [0] * max_width
         self.accepted = [0] * max_width
+        self.width_steps = [0] * (max_width + 1)  # decode steps run at each width
+        self.width_changes = 0
 
     def observe(self, width: int, accept_lens: list[int]) -> None:
         self.steps += 1
         self.spec_steps += width > 0
+        self.width_changes += self.steps > 1 and width != self.last_width
+        self.width_steps[width] += 1
         self.last_width = width
         self.request_steps += len(accept_lens)
         self.committed += sum(accept_lens) + len(accept_lens)
@@ -40,4 +44,6 @@ class SpecStats:
             "spec_on_ratio": self.spec_steps / self.steps if self.steps else None,
             "mean_acceptance_length": self.committed / self.request_steps if self.request_steps else None,
             "acceptance_by_position": rates,
+            "steps_by_width": list(self.width_steps),
+            "width_changes": self.width_changes,
         }

@@ -6,7 +6,8 @@ before SGLang is imported, and the engine spawns processes):
     python engine_run.py SPEC.json OUT.json
 
 SPEC: {"engine": {sgl.Engine kwargs}, "runs": [{"name", "prompts" | "input_ids",
-"batch_size", "sampling_params"}]}. Each run submits its prompts in groups of
+"batch_size", "sampling_params"}]}. OUT also holds the server's dflash state
+after the last run (`/get_server_info`'s internal_states[0]["dflash"]). Each run submits its prompts in groups of
 `batch_size` (one `generate` call per group, so the decode batch holds up to
 that many requests) and records output ids and meta_info per prompt.
 """
@@ -50,9 +51,10 @@ def main():
     engine = sgl.Engine(**spec["engine"])
     try:
         runs = [_run(engine, run) for run in spec["runs"]]
+        states = engine.get_server_info().get("internal_states") or [{}]
     finally:
         engine.shutdown()
-    json.dump({"runs": runs}, open(sys.argv[2], "w"))
+    json.dump({"runs": runs, "dflash": states[0].get("dflash")}, open(sys.argv[2], "w"))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,11 @@ from sglang_dflash.demo import tiny_paths
 from sglang_dflash.prompts import mixed_prompts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+# The losslessness tests pin speculation always on (every step verifies the
+# full block: the most multi-token accept and commit paths). The default,
+# adaptive, is exercised by test_concurrency_ramp.py, which sets its own.
+os.environ.setdefault("SGLANG_DFLASH_POLICY", '{"mode": "on"}')
 PATHS = tiny_paths()
 TARGET = PATHS["target"]
 
@@ -50,8 +55,9 @@ def dflash_args(drafter: str) -> dict:
     return dict(speculative_algorithm="DFLASH", speculative_draft_model_path=PATHS[drafter])
 
 
-def run_engine(engine_kwargs: dict, runs: list[dict], timeout: int = 2400) -> dict:
-    """Start one engine in a subprocess, execute `runs`, return {name: run}."""
+def run_engine(engine_kwargs: dict, runs: list[dict], timeout: int = 2400, with_state: bool = False):
+    """Start one engine in a subprocess, execute `runs`, return {name: run}
+    (and the server's dflash state after the runs, with `with_state`)."""
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
         json.dump({"engine": {**ENGINE_DEFAULTS, **engine_kwargs}, "runs": runs}, open(spec_path, "w"))
@@ -61,7 +67,9 @@ def run_engine(engine_kwargs: dict, runs: list[dict], timeout: int = 2400) -> di
         )
         if proc.returncode != 0:
             raise RuntimeError(f"engine run failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
-        return {run["name"]: run for run in json.load(open(out_path))["runs"]}
+        out = json.load(open(out_path))
+        by_name = {run["name"]: run for run in out["runs"]}
+        return (by_name, out["dflash"]) if with_state else by_name
 
 
 def free_port() -> int:

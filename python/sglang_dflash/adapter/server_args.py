@@ -58,7 +58,7 @@ def validate_drafter(cfg):
 
 
 POLICY_ENV = "SGLANG_DFLASH_POLICY"
-DEFAULT_POLICY = {"mode": "on"}
+DEFAULT_POLICY = {"mode": "adaptive"}
 
 
 def load_policy_config() -> PolicyConfig:

@@ -72,7 +72,9 @@ class DFlashWorker(BaseSpecWorker):
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(get_spec_seed(server_args)))
         self.policy = self._build_policy()
-        self._last_step = None  # (width, seconds, batch size) for the host-side feedback
+        self._last_step = None  # (width, batch size) awaiting its accept counts
+        self._period_start = None  # (batch size, start) of the last decode step
+        self._period_width = None  # ... and the width it ran
         self.stats = SpecStats(self.block_size - 1)
         logger.info(
             "sglang-dflash worker: v%d drafter, %d layers, block %d, target layers %s",
@@ -146,6 +148,7 @@ class DFlashWorker(BaseSpecWorker):
         return self._decode(batch, on_publish)
 
     def _prefill(self, batch, on_publish, pp_proxy_tensors):
+        self._period_start = None  # a prefill between two decode steps is not their cost
         out = self.target_worker.forward_batch_generation(
             batch,
             pp_proxy_tensors=pp_proxy_tensors,
@@ -171,9 +174,9 @@ class DFlashWorker(BaseSpecWorker):
         draft_input = batch.spec_info
         if not isinstance(draft_input, DFlashDraftInputV2):
             raise RuntimeError("DFLASH decode expects DFlashDraftInputV2 on the batch")
-        start = time.perf_counter()
         prefix = batch.seq_lens.to(torch.int64)
         bs = len(prefix)
+        self._time_step(bs)
         width = self.policy.choose_width(bs)  # verified drafts this step; 0 = plain decode
         num_verify = width + 1
         block = make_blocks(draft_input.bonus_tokens, prefix, self.mask_token_id, self.block_size)
@@ -199,7 +202,8 @@ class DFlashWorker(BaseSpecWorker):
         logits_output.hidden_states = None
         tokens = torch.full((bs, self.block_size), PAD_TOKEN_ID, dtype=torch.int64, device=self.device)
         tokens[:, :num_verify] = result.tokens
-        self._last_step = (width, time.perf_counter() - start, bs)
+        self._last_step = (width, bs)
+        self._period_width = width
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=tokens.reshape(-1),
@@ -216,14 +220,26 @@ class DFlashWorker(BaseSpecWorker):
         """Host-side feedback after the scheduler copied the accept counts (no sync here)."""
         if self._last_step is None:
             return
-        width, seconds, bs = self._last_step
+        width, bs = self._last_step
         self._last_step = None
         accepted = list(num_correct_drafts_per_req)
         self.stats.observe(width, accepted)
         if width == 0:
-            self.policy.observe_plain(seconds, bs)
+            self.policy.observe_plain(None, bs)
         else:
-            self.policy.observe_verify(width, accepted, seconds, bs)
+            self.policy.observe_verify(width, accepted, None, bs)
+
+    def _time_step(self, bs):
+        """Feed the policy the last decode step's period: from its start to this
+        step's start, so the scheduler's own per-step work (result processing,
+        streaming, batch preparation) counts; that overhead does not grow with W
+        and is what makes wide verifies pay on a CPU server. A prefill in
+        between voids the sample."""
+        now = time.perf_counter()
+        last, width = self._period_start, self._period_width
+        self._period_start, self._period_width = (bs, now), None
+        if last is not None and width is not None:
+            self.policy.observe_step_time(width, now - last[1], last[0])
 
     def stats_snapshot(self) -> dict:
         """Server-level speculation state for /get_server_info (JSON-serializable)."""

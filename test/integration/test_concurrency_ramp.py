@@ -1,0 +1,87 @@
+"""Adaptive speculation under a concurrency ramp: greedy output stays identical
+to plain decoding while the verify width changes, across off/on transitions.
+
+The ramp submits distinct prompts in groups of 1, 4, 16, 32, 16, 4, 1 (the
+decode batch follows the group size) to one engine, so the adaptive policy
+sees the load rise and fall. Two drafters make it change width for different
+reasons:
+* the bundled demo pair's trained DFlash 2 drafter: acceptance ~4.5 per verify,
+  speculation pays, and the policy moves between wide widths (load, probes);
+* the tiny pair's random drafter: acceptance near 0, the policy turns
+  speculation off and probes back on periodically, so the run crosses the
+  off -> on -> off boundary many times.
+`probe_interval` is shortened so transitions happen within a short test.
+"""
+
+import json
+import os
+
+import pytest
+
+from harness import PATHS, TARGET, chat_prompts, run_engine
+
+RAMP = (1, 4, 16, 32, 16, 4, 1)
+GREEDY = {"max_new_tokens": 48, "temperature": 0.0}
+ADAPTIVE = json.dumps({"mode": "adaptive", "probe_interval": 8})
+
+
+def _ramp_runs(prompts):
+    runs, start = [], 0
+    for i, bs in enumerate(RAMP):
+        runs.append({"name": f"phase{i}-c{bs}", "prompts": prompts[start:start + bs],
+                     "batch_size": bs, "sampling_params": GREEDY})
+        start += bs
+    return runs
+
+
+def _demo_prompts(n):
+    from transformers import AutoTokenizer
+
+    from sglang_dflash.demo import demo_pair
+    from sglang_dflash.prompts import mixed_prompts
+
+    tok = AutoTokenizer.from_pretrained(demo_pair()[0])
+    return [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                    add_generation_prompt=True) for p in mixed_prompts(n)]
+
+
+def _adaptive(engine_kwargs, runs, monkeypatch):
+    monkeypatch.setenv("SGLANG_DFLASH_POLICY", ADAPTIVE)
+    return run_engine(engine_kwargs, runs, with_state=True)
+
+
+def _assert_identical(plain, spec):
+    for name, run in plain.items():
+        want = [r["output_ids"] for r in run["results"]]
+        got = [r["output_ids"] for r in spec[name]["results"]]
+        assert got == want, f"{name}: adaptive DFLASH output differs from plain decoding"
+
+
+@pytest.mark.parametrize("pair", ["demo", "tiny-random"])
+def test_ramp_greedy_identical_across_width_changes(pair, monkeypatch):
+    if pair == "demo":
+        from sglang_dflash.demo import demo_pair
+
+        target, drafter = demo_pair()
+        prompts = _demo_prompts(sum(RAMP))
+    else:
+        target, drafter = TARGET, PATHS["drafter-random"]
+        prompts = chat_prompts(sum(RAMP))
+    runs = _ramp_runs(prompts)
+    plain = run_engine({"model_path": target}, runs)
+    spec, state = _adaptive({"model_path": target, "speculative_algorithm": "DFLASH",
+                             "speculative_draft_model_path": drafter}, runs, monkeypatch)
+    _assert_identical(plain, spec)
+
+    assert state["policy"]["mode"] == "adaptive"
+    by_width = state["steps_by_width"]
+    assert sum(by_width) == state["steps"] > 0
+    assert state["width_changes"] >= 4, state  # the width really moved during the ramp
+    if pair == "tiny-random":
+        # Off most of the time, back on for probes: many off <-> on transitions.
+        assert by_width[0] > sum(by_width[1:]) > 0, by_width
+        assert 0 < state["spec_on_ratio"] < 0.5
+    else:
+        # Speculation pays with the trained drafter: mostly on, at several widths.
+        assert state["spec_on_ratio"] > 0.5
+        assert sum(1 for n in by_width[1:] if n) >= 2, by_width
