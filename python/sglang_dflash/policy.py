@@ -344,6 +344,9 @@ def _parse_sample(i: int, s: Any) -> tuple[int, int, bool, float]:
     return int(bs), int(q), drafted, float(sec)
 
 
+MIN_SCALE = 0.2  # lower bound of the online scale on the profiled compute
+
+
 class _AffineFit:
     """Exponentially forgetting least squares of y = F + s * x for one batch-size bucket.
 
@@ -373,7 +376,11 @@ class _AffineFit:
         self.steps += 1
 
     def solve(self, prior_weight: float, f0: float) -> tuple[float, float]:
-        """(F, s) minimizing the forgetting squared error plus the priors."""
+        """(F, s) minimizing the forgetting squared error plus the priors,
+        constrained to F >= 0 and s >= MIN_SCALE: a step never costs less than
+        nothing, and an unconstrained fit of noisy steps at nearby widths can
+        tip F negative, after which predictions (and the outlier clip that is
+        relative to them) run away."""
         xbar = self.sx / self.n
         ks = prior_weight * xbar * xbar
         kf = prior_weight / 20.0  # weak: a fixed gap goes 95% to F, 5% to s
@@ -382,8 +389,11 @@ class _AffineFit:
         det = a00 * a11 - a01 * a01
         f = (b0 * a11 - a01 * b1) / det
         scale = (a00 * b1 - a01 * b0) / det
-        if scale <= 0.0:  # noise can tip a short window; keep the profile's shape
-            f, scale = max((self.sy - self.sx) / self.n, 0.0), 1.0
+        if f < 0.0:  # on the F = 0 boundary: scale alone
+            f, scale = 0.0, b1 / a11
+        if scale < MIN_SCALE:  # on the s = MIN_SCALE boundary: F alone
+            scale = MIN_SCALE
+            f = max((b0 - a01 * scale) / a00, 0.0)
         return f, scale
 
     def mean_bs(self) -> float:
@@ -556,7 +566,9 @@ class CostModel:
         self._params.clear()  # neighbours borrow from this bucket
         # The residual is what the updated affine fit still misses in this cell.
         cell = self._cells.setdefault((bucket, width), [0.0, 0.0])
-        cell[0] += self.ema * (math.log(y / self._affine(bs, width)) - cell[0])
+        clip = math.log(r)
+        miss = min(max(math.log(y / self._affine(bs, width)), -clip), clip)
+        cell[0] += self.ema * (miss - cell[0])
         cell[1] += 1.0
 
     def snapshot(self) -> dict:
@@ -625,6 +637,7 @@ class SpeculationPolicy:
         self._streak = 0  # consecutive steps a switch was wanted
         self._since_probe = 0  # steps since the last probe or switch
         self._probe_down = False  # direction of the next probe while on
+        self._probe_wide = True  # while off: the next probe at probe_width (then the widest)
         self._requests: dict[Hashable, _RequestStats] = {}
 
     @classmethod
@@ -696,8 +709,10 @@ class SpeculationPolicy:
     def _maybe_probe(self) -> int:
         """Once every `probe_interval` steps run one step at another width.
 
-        Off (W = 0): at `probe_width`, so the policy notices when speculation
-        pays again. On: alternately one candidate wider (so the rate of the
+        Off (W = 0): alternately at `probe_width` and at the widest
+        candidate, so the policy notices when speculation pays again and the
+        far end of the cost model is measured, not only taken from the
+        start-up profile (a profile taken on a busy host can be far off). On: alternately one candidate wider (so the rate of the
         first unverified position does not stay stale forever) and one
         narrower (so the cost cell next to the current width is measured, not
         only extrapolated from the profile); at the ends only the inner one.
@@ -709,7 +724,8 @@ class SpeculationPolicy:
         self._since_probe = 0
         i = self.widths.index(self.width)
         if self.width == 0:
-            probe = self.probe_width
+            self._probe_wide = not self._probe_wide
+            probe = self.widths[-1] if self._probe_wide else self.probe_width
         else:
             self._probe_down = not self._probe_down
             down = (self._probe_down and i > 0) or i == len(self.widths) - 1

@@ -112,7 +112,9 @@ def test_probes_while_off_and_turns_back_on_when_acceptance_improves():
     executed = run(policy, [0.1] * 7, bs, 400, rng)
     assert policy.width == 0
     probes = [i for i, w in enumerate(executed[100:]) if w > 0]
-    assert probes and all(executed[100 + i] == 2 for i in probes)
+    probed = [executed[100 + i] for i in probes]
+    assert probes and set(probed) == {2, B - 1}  # alternately probe_width and the widest
+    assert all(a != b for a, b in itertools.pairwise(probed))
     assert len(probes) == pytest.approx(300 / interval, abs=2)
     assert best_width_bruteforce([0.9] * 7, true_cost, bs, B - 1) > 0
     executed = run(policy, [0.9] * 7, bs, 3 * interval + 10, rng)
@@ -292,6 +294,37 @@ def test_online_fit_separates_fixed_overhead_from_compute():
     rates = [0.5] * (B - 1)
     thr = [4 * e / model.predict(4, w) for w, e in enumerate(expected_commits(rates))]
     assert max(range(B), key=thr.__getitem__) > 0
+
+
+def test_online_fit_stays_sane_with_a_bad_profile_and_outliers():
+    """The start-up profile taken on a busy host (wide widths 5x too expensive),
+    steps measured with a fixed overhead the profile does not see, and
+    occasional 10x outliers (GC pauses, other processes): the fit must keep
+    F >= 0 and predictions positive, and the policy must still find that full
+    width pays (the grid once saw an unconstrained fit run away to F = -75 ms
+    and turn speculation off where it doubled throughput)."""
+    bad = [(bs, q, False, true_verify(bs, q) * (5.0 if q > 2 else 1.0)) for bs in PROFILE_BS
+           for q in range(1, B + 1)]
+    bad += [(bs, B, True, 5.0 * true_cost(bs, B - 1)) for bs in PROFILE_BS]
+    policy = SpeculationPolicy.from_profile(PolicyConfig(probe_interval=10), B, bad)
+    rng = random.Random(11)
+    rates = [0.9] * (B - 1)
+
+    def real(bs, w):  # 15 ms per step outside the profile's view
+        return 0.015 + true_cost(bs, w)
+
+    for step in range(1500):
+        w = policy.choose_width(1)
+        seconds = real(1, w) * (10.0 if step % 97 == 0 else 1 + 0.1 * rng.uniform(-1, 1))
+        lens = [sample_accept(rng, rates, w)] if w else [0]
+        policy.observe_verify(w, lens, None, 1)
+        policy.observe_step_time(w, seconds, 1)
+        f, scale = policy.cost.params(1)
+        assert f >= 0 and scale > 0
+    best = best_width_bruteforce(rates, real, 1, B - 1)
+    assert best == B - 1
+    assert policy.width >= B - 2, policy.snapshot()
+    assert policy.spec_steps / policy.steps > 0.9
 
 
 def test_online_correction_clips_outliers():
