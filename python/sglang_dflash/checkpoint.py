@@ -90,6 +90,23 @@ def load_drafter(
     return model.to(dtype).eval()
 
 
+def load_state_strict(model: DFlashDrafter, weights, *, origin: str) -> None:
+    """Load `(name, tensor)` pairs (names as published, `model.` alias allowed)
+    into `model`, refusing any set that does not cover it exactly (the same
+    checks as `load_drafter`); `origin` names the caller in the error."""
+    state: dict[str, torch.Tensor] = {}
+    try:
+        for raw, tensor in weights:
+            name = raw.removeprefix(_ALIAS_PREFIX)
+            if name in state:
+                raise _CheckpointError(f"weight {name!r} appears more than once (again as {raw!r})")
+            state[name] = tensor
+        _check_coverage(model, state)
+    except _CheckpointError as exc:
+        raise ValueError(f"invalid DFlash drafter weights for {origin}: {exc}") from None
+    model.load_state_dict(state, strict=True)
+
+
 def _read_config(root: Path) -> dict:
     config_path = root / CONFIG_NAME
     if not config_path.is_file():

@@ -298,8 +298,11 @@ class _RequestStats:
 class _Curve:
     """Monotone piecewise-linear y(x) through per-x averaged knots.
 
-    Knot values are made non-decreasing by a running max (a larger batch never
-    costs less). Below the first knot the curve is flat (fixed overheads
+    Knot values are made non-decreasing by a running min from the right (a
+    larger batch never costs less): an upward timing spike at one knot (a busy
+    host during the start-up profile) is replaced by a larger knot's value
+    instead of being propagated to every larger knot, as a running max from
+    the left would. Below the first knot the curve is flat (fixed overheads
     dominate tiny batches); above the last it continues with the last
     segment's slope, or proportionally to x with a single knot.
     """
@@ -311,10 +314,11 @@ class _Curve:
         for x, y in points:
             groups.setdefault(float(x), []).append(float(y))
         self.xs = sorted(groups)
-        self.ys, running = [], 0.0
-        for x in self.xs:
-            running = max(running, math.fsum(groups[x]) / len(groups[x]))
+        self.ys, running = [], math.inf
+        for x in reversed(self.xs):
+            running = min(running, math.fsum(groups[x]) / len(groups[x]))
             self.ys.append(running)
+        self.ys.reverse()
 
     def __call__(self, x: float) -> float:
         xs, ys = self.xs, self.ys
@@ -407,7 +411,8 @@ class CostModel:
     * V(bs, q), the target forward at q tokens per request, is a table
       interpolation of the undrafted profile samples: one monotone
       piecewise-linear curve in bs per profiled q, linearly interpolated between
-      profiled q (on running-max values, so V is non-decreasing in q). Outside
+      profiled q (on running-min-from-the-right values, so V is non-decreasing
+      in q and robust to upward timing spikes). Outside
       the profiled q range it assumes cost depends on total tokens bs*q:
       V(bs, q) = V_{q0}(bs * q / q0) for the nearest profiled q0. A profile with
       only q = 1 therefore is piecewise-linear in total tokens.
@@ -480,14 +485,14 @@ class CostModel:
         qs, curves = self._qs, self._verify
         if q <= qs[0]:
             return curves[0](bs * q / qs[0])
-        running = curves[0](bs)
+        values = [c(bs) for c in curves]
+        for k in range(len(values) - 2, -1, -1):  # running min from the right, as in _Curve
+            values[k] = min(values[k], values[k + 1])
         for k in range(1, len(qs)):
-            value = max(running, curves[k](bs))
             if q <= qs[k]:
                 lam = (q - qs[k - 1]) / (qs[k] - qs[k - 1])
-                return running + lam * (value - running)
-            running = value
-        return max(running, curves[-1](bs * q / qs[-1]))
+                return values[k - 1] + lam * (values[k] - values[k - 1])
+        return max(values[-1], curves[-1](bs * q / qs[-1]))
 
     def base(self, bs: int, width: int) -> float:
         """Profiled seconds (no online correction); cached per (bs, W)."""
@@ -568,8 +573,8 @@ class CostModel:
         cell = self._cells.setdefault((bucket, width), [0.0, 0.0])
         clip = math.log(r)
         miss = min(max(math.log(y / self._affine(bs, width)), -clip), clip)
-        cell[0] += self.ema * (miss - cell[0])
         cell[1] += 1.0
+        cell[0] += max(self.ema, 1.0 / cell[1]) * (miss - cell[0])  # a mean until 1/ema steps
 
     def snapshot(self) -> dict:
         """JSON-serializable state of the online fit, per observed bucket."""
@@ -692,8 +697,13 @@ class SpeculationPolicy:
 
     def _decide(self, thr: list[float]) -> None:
         best = max(range(len(thr)), key=thr.__getitem__)  # first max: ties go to smaller W
-        if self.width is None:  # cold start: take the model's argmax
-            self.width = self.widths[best]
+        if self.width is None:
+            # Cold start at the widest width: before any step is measured the
+            # model is the start-up profile alone (taken on a possibly busy
+            # host) and prior acceptance rates; a server starts idle, where
+            # speculation pays most, and the first steps then measure the wide
+            # end. The data turn it down or off within a few steps if not.
+            self.width = self.widths[-1]
             return
         cur = self.widths.index(self.width)
         gain = thr[best] / thr[cur] - 1.0

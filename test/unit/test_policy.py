@@ -327,6 +327,27 @@ def test_online_fit_stays_sane_with_a_bad_profile_and_outliers():
     assert policy.spec_steps / policy.steps > 0.9
 
 
+def test_profile_spikes_do_not_inflate_other_widths():
+    """One profile sample 10x too slow (the host was busy for that shape) must
+    not make every wider width look expensive: the monotone envelope is taken
+    from the right, so the spike is replaced by a larger knot's value."""
+    samples = profile()
+    spiked = [(bs, q, d, sec * (10.0 if (bs, q, d) == (1, 3, False) else 1.0))
+              for bs, q, d, sec in samples]
+    model = CostModel.from_profile(spiked)
+    for w in range(B):
+        assert model.predict(1, w) == pytest.approx(true_cost(1, w), rel=1e-9), w
+        assert model.predict(4, w) == pytest.approx(true_cost(4, w), rel=1e-9), w
+
+
+def test_observed_width_is_learned_from_few_steps():
+    """A width seen only in a few probe steps is predicted close to what was measured."""
+    model = CostModel.from_profile(profile())
+    for _ in range(3):
+        model.observe(1, 7, 3.0 * true_cost(1, 7))
+    assert model.predict(1, 7) == pytest.approx(3.0 * true_cost(1, 7), rel=0.25)
+
+
 def test_online_correction_clips_outliers():
     model = CostModel.from_profile(profile(), ema=1.0, outlier_ratio=3.0)
     model.observe(8, 0, 1000.0 * true_cost(8, 0))  # e.g. a step that hit a GC pause

@@ -41,6 +41,20 @@ def add_dflash_state(result, controller, state, *args, **kwargs):
     return result
 
 
+MODELS_PACKAGE = "sglang_dflash.adapter.models"
+MODEL_LOADER_TARGET = "sglang.srt.model_loader.get_model"
+
+
+def register_model_classes(*args, **kwargs):
+    """Put our drafter classes in SGLang's ModelRegistry under the published
+    architecture names (over upstream's). Runs as a BEFORE hook of the model
+    loader, so only processes that load models import the registry."""
+    from sglang.srt.models.registry import ModelRegistry
+
+    ModelRegistry.register(MODELS_PACKAGE, overwrite=True, strict=True)
+    return None
+
+
 def register() -> None:
     global _registered
     if _registered or use_upstream():
@@ -61,4 +75,5 @@ def register() -> None:
         TORCH_NATIVE_TARGET, VerifyCapableTorchNativeAttnBackend, HookType.REPLACE
     )
     HookRegistry.register(SERVER_INFO_TARGET, add_dflash_state, HookType.AFTER)
+    HookRegistry.register(MODEL_LOADER_TARGET, register_model_classes, HookType.BEFORE)
     _registered = True
