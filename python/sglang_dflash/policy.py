@@ -426,10 +426,11 @@ class CostModel:
     share of a small model's step, and it does not grow with W), s_b corrects
     the profiled compute. A bucket without observations borrows the nearest
     observed bucket's (F, s); with none at all the model is the profile.
-    On top, each observed (bucket, W) cell keeps a multiplicative residual
-    (an EMA of log measured / affine prediction, weighted n / (n + prior_weight))
-    so the widths actually run are predicted as measured even where the profile's
-    shape is off (e.g. interpolated between profiled batch sizes).
+    Each observed (bucket, W) cell also keeps its own measured / profiled
+    factor, which dominates that cell's prediction after a few steps
+    (n / (n + prior_weight)): the widths actually run are predicted as
+    measured, however far off the profile is there; the affine fit is only
+    the extrapolation to widths not run yet.
     Why affine and not a multiplicative correction: a fixed overhead learned as
     a factor on the profile inflates the wide widths' predicted cost by the
     same factor, which turned speculation off where it paid.
@@ -448,7 +449,9 @@ class CostModel:
         self._draft = draft
         self._padded_sizes = sorted({int(x) for c in self._verify for x in c.xs}
                                     | {int(x) for x in draft.xs}) if pad_batch else []
-        self.keep = 1.0 - float(ema)
+        # The affine fit extrapolates to widths not run lately, so it forgets 4x
+        # slower than the cells: a stretch at one width must not drag it away.
+        self.keep = 1.0 - float(ema) / 4.0
         self.prior_weight = float(prior_weight)
         self.outlier_ratio = float(outlier_ratio)
         self._base_cache: dict[tuple[int, int], float] = {}
@@ -546,35 +549,51 @@ class CostModel:
         f, scale = self.params(bs)
         return max(f + scale * self.base(bs, width), 1e-9)
 
-    def _residual(self, bs: int, width: int) -> float:
+    def predict(self, bs: int, width: int) -> float:
+        """Predicted seconds of one step at batch size bs and verify width W.
+
+        An observed (bucket, W) cell predicts from its own measurements
+        (profiled base x the cell's learned factor), blended with the affine
+        fit by n / (n + prior_weight); an unobserved cell uses the fit alone.
+        """
+        aff = self._affine(bs, width)
         cell = self._cells.get((bs.bit_length(), width))
         if cell is None:
-            return 0.0
-        return cell[0] * cell[1] / (cell[1] + self.prior_weight)
-
-    def predict(self, bs: int, width: int) -> float:
-        """Predicted seconds of one step at batch size bs and verify width W."""
-        return self._affine(bs, width) * math.exp(self._residual(bs, width))
+            return aff
+        lam = cell[1] / (cell[1] + self.prior_weight)
+        own = cell[0] + math.log(self.base(bs, width))
+        return math.exp(lam * own + (1.0 - lam) * math.log(aff))
 
     def observe(self, bs: int, width: int, seconds: float) -> None:
-        """Learn from one measured decode step (clipped to `outlier_ratio` of the prediction)."""
+        """Learn from one measured decode step.
+
+        The cell keeps the mean of log(measured / profiled) (an EMA after
+        1/ema steps); from its fourth step on, a measurement is clipped to
+        `outlier_ratio` of the cell's own estimate (a GC pause, another
+        process); before that to outlier_ratio**2 of the model's prediction,
+        which may be far off (a profile taken on a busy host) and must not
+        stop the data from correcting it.
+        """
         if not (_is_real(seconds) and math.isfinite(seconds) and seconds > 0):
             raise _fail(f"step_seconds = {seconds!r} must be a finite number > 0")
-        pred = self.predict(bs, width)
-        r = self.outlier_ratio
-        y = min(max(seconds, pred / r), pred * r)
         bucket = bs.bit_length()
+        base = self.base(bs, width)
+        cell = self._cells.setdefault((bucket, width), [0.0, 0.0])
+        log_ratio = math.log(seconds / base)
+        if cell[1] >= 3:  # around the cell's own estimate
+            clip = math.log(self.outlier_ratio)
+            center = cell[0]
+        else:  # around the model's prediction, with the squared (wider) ratio
+            clip = 2.0 * math.log(self.outlier_ratio)
+            center = math.log(self.predict(bs, width) / base)
+        log_ratio = min(max(log_ratio, center - clip), center + clip)
+        cell[1] += 1.0
+        cell[0] += max(self.ema, 1.0 / cell[1]) * (log_ratio - cell[0])  # a mean until 1/ema steps
         fit = self._fits.get(bucket)
         if fit is None:
             fit = self._fits[bucket] = _AffineFit()
-        fit.add(self.base(bs, width), y, bs, self.keep)
+        fit.add(base, base * math.exp(log_ratio), bs, self.keep)
         self._params.clear()  # neighbours borrow from this bucket
-        # The residual is what the updated affine fit still misses in this cell.
-        cell = self._cells.setdefault((bucket, width), [0.0, 0.0])
-        clip = math.log(r)
-        miss = min(max(math.log(y / self._affine(bs, width)), -clip), clip)
-        cell[1] += 1.0
-        cell[0] += max(self.ema, 1.0 / cell[1]) * (miss - cell[0])  # a mean until 1/ema steps
 
     def snapshot(self) -> dict:
         """JSON-serializable state of the online fit, per observed bucket."""
@@ -585,9 +604,9 @@ class CostModel:
             buckets[f"bs{1 << (b - 1)}-{(1 << b) - 1}"] = {
                 "overhead_ms": round(f * 1e3, 3), "scale": round(scale, 4),
                 "steps": fit.steps, "mean_bs": round(fit.mean_bs(), 1)}
-        cells = {f"bucket{b}/w{w}": round(math.exp(c[0]), 4)
+        cells = {f"bucket{b}/w{w}": {"measured/profiled": round(math.exp(c[0]), 4), "steps": int(c[1])}
                  for (b, w), c in sorted(self._cells.items())}
-        return {"buckets": buckets, "residuals": cells}
+        return {"buckets": buckets, "cells": cells}
 
 
 # ---------------------------------------------------------------------------

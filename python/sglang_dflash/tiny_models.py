@@ -43,6 +43,7 @@ from pathlib import Path
 
 import torch
 
+from .chat_tokenizer import build_bpe_tokenizer
 from .checkpoint import save_drafter
 from .config import parse_drafter_config
 from .model import DFlashDrafter
@@ -50,14 +51,7 @@ from .model import DFlashDrafter
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = Path(__file__).resolve().parent / "assets" / "tiny"
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data"
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>"]
 VOCAB_SIZE = 1024
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 TARGET_DIMS = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                    max_position_embeddings=2048, rms_norm_eps=1e-6)
@@ -133,19 +127,7 @@ def _bundled_corpus() -> dict:
 
 def build_tokenizer(texts: list):
     """Byte-level BPE (vocab 1024) wrapped as an HF fast tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        chat_template=CHAT_TEMPLATE, model_max_length=TARGET_DIMS["max_position_embeddings"])
+    return build_bpe_tokenizer(texts, VOCAB_SIZE, TARGET_DIMS["max_position_embeddings"])
 
 
 # ---------------------------------------------------------------------------

@@ -33,13 +33,8 @@ from pathlib import Path
 
 import torch
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>"]
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+from sglang_dflash.chat_tokenizer import build_bpe_tokenizer
+
 CODE_PREFIX = "Complete this Python code:\n"
 DEFAULT_DATA = Path(__file__).resolve().parents[4] / "shared" / "data"
 
@@ -127,19 +122,7 @@ def build_documents(args) -> dict:
 
 
 def build_tokenizer(texts: list, vocab_size: int, max_len: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        chat_template=CHAT_TEMPLATE, model_max_length=max_len)
+    return build_bpe_tokenizer(texts, vocab_size, max_len)
 
 
 def build_model(tokenizer, args):
