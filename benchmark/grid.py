@@ -212,10 +212,14 @@ def server_args(name: str, opts) -> tuple[list[str], dict]:
 
 
 def start_servers(names, opts, log_dir, on_cuda: bool, launched: list) -> tuple[dict, dict]:
-    """Launch every configuration (in parallel), wait for each; returns
-    ({name: Server} for the healthy ones, {name: status record} for all).
-    Every launched Server is appended to `launched` first, for the caller to stop."""
-    status, launching = {}, {}
+    """Launch every configuration and wait for each; returns ({name: Server}
+    for the healthy ones, {name: status record} for all). One at a time by
+    default: an adaptive DFLASH server profiles its step costs at start-up,
+    and a profile taken while other servers load is far off (`--parallel-start`
+    overlaps them to save time). Every launched Server is appended to
+    `launched` first, for the caller to stop."""
+    status, up = {}, {}
+    launching = {}
     for name in names:
         args, env = server_args(name, opts)
         srv = Server(name, args, env, os.path.join(log_dir, f"server_{name}.log"))
@@ -230,43 +234,49 @@ def start_servers(names, opts, log_dir, on_cuda: bool, launched: list) -> tuple[
         launching[name] = srv
         launched.append(srv)
         srv.launch()
-        # Let the first imports overlap, not all compete from the same instant.
-        time.sleep(2)
-    up = {}
-    for name, srv in launching.items():
-        rec = status[name]
-        try:
-            srv.wait_healthy(opts.start_timeout)
-        except ServerStartError as exc:
-            reason = common.first_error_line(exc.log_tail)
-            state = "failed"
-            if name in CUDA_ONLY and not on_cuda:
-                state, reason = "not runnable on CPU", f"start-up failed: {reason}"
-            rec.update(state=state, reason=f"{exc}: {reason}" if state == "failed" else reason,
-                       log_tail=exc.log_tail[-3000:])
-            print(f"[grid] {name}: {rec['state']}: {rec['reason']}", flush=True)
-            continue
-        rec.update(state="ok", startup_s=round(srv.startup_s, 1))
-        try:
-            info = srv.server_info()
-        except Exception as exc:
-            rec.update(state="failed", reason=f"healthy, but /server_info failed: {exc}")
-            srv.stop()
-            continue
-        dflash = (info.get("internal_states") or [{}])[0].get("dflash")
-        rec["server"] = {k: info.get(k) for k in (
-            "max_running_requests", "max_total_num_tokens", "speculative_algorithm",
-            "speculative_num_draft_tokens", "device", "attention_backend", "dtype")}
-        if CONFIGS[name][1] == "dflash":
-            rec["plugin_dflash_block"] = dflash is not None
-            if name not in CUDA_ONLY and dflash is None:
-                rec["note"] = "no dflash block in /server_info: is the plugin active?"
-            if dflash:
-                rec["drafter_version"] = dflash.get("drafter_version")
-                rec["block_size"] = dflash.get("block_size")
-        print(f"[grid] {name}: up in {srv.startup_s:.0f}s on port {srv.port}", flush=True)
-        up[name] = srv
+        if opts.parallel_start:
+            # Let the first imports overlap, not all compete from the same instant.
+            time.sleep(2)
+        else:
+            _await_server(name, srv, status[name], up, opts, on_cuda)
+    if opts.parallel_start:
+        for name, srv in launching.items():
+            _await_server(name, srv, status[name], up, opts, on_cuda)
     return up, status
+
+
+def _await_server(name, srv, rec, up, opts, on_cuda) -> None:
+    try:
+        srv.wait_healthy(opts.start_timeout)
+    except ServerStartError as exc:
+        reason = common.first_error_line(exc.log_tail)
+        state = "failed"
+        if name in CUDA_ONLY and not on_cuda:
+            state, reason = "not runnable on CPU", f"start-up failed: {reason}"
+        rec.update(state=state, reason=f"{exc}: {reason}" if state == "failed" else reason,
+                   log_tail=exc.log_tail[-3000:])
+        print(f"[grid] {name}: {rec['state']}: {rec['reason']}", flush=True)
+        return
+    rec.update(state="ok", startup_s=round(srv.startup_s, 1))
+    try:
+        info = srv.server_info()
+    except Exception as exc:
+        rec.update(state="failed", reason=f"healthy, but /server_info failed: {exc}")
+        srv.stop()
+        return
+    dflash = (info.get("internal_states") or [{}])[0].get("dflash")
+    rec["server"] = {k: info.get(k) for k in (
+        "max_running_requests", "max_total_num_tokens", "speculative_algorithm",
+        "speculative_num_draft_tokens", "device", "attention_backend", "dtype")}
+    if CONFIGS[name][1] == "dflash":
+        rec["plugin_dflash_block"] = dflash is not None
+        if name not in CUDA_ONLY and dflash is None:
+            rec["note"] = "no dflash block in /server_info: is the plugin active?"
+        if dflash:
+            rec["drafter_version"] = dflash.get("drafter_version")
+            rec["block_size"] = dflash.get("block_size")
+    print(f"[grid] {name}: up in {srv.startup_s:.0f}s on port {srv.port}", flush=True)
+    up[name] = srv
 
 
 def _shell(env: dict, cmd: list[str]) -> str:
@@ -714,6 +724,9 @@ def parse_args(argv=None):
     p.add_argument("--schedule", choices=("interleaved", "sequential"), default="interleaved",
                    help="interleaved: all servers up, configs alternate within each cell "
                         "(fairest); sequential: one server at a time")
+    p.add_argument("--parallel-start", action="store_true",
+                   help="interleaved: launch all servers at once (faster start-up, but adaptive "
+                        "servers then profile their step costs on a busy host)")
     p.add_argument("--min-free-mib", type=int, default=2500,
                    help="interleaved: skip a server if less memory than this is available")
     p.add_argument("--start-timeout", type=float, default=600)

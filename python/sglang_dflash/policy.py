@@ -662,6 +662,7 @@ class SpeculationPolicy:
         self._since_probe = 0  # steps since the last probe or switch
         self._probe_down = False  # direction of the next probe while on
         self._probe_wide = True  # while off: the next probe at probe_width (then the widest)
+        self._on_probes = 0  # probes while on; every 4th measures W = 0
         self._requests: dict[Hashable, _RequestStats] = {}
 
     @classmethod
@@ -741,7 +742,11 @@ class SpeculationPolicy:
         Off (W = 0): alternately at `probe_width` and at the widest
         candidate, so the policy notices when speculation pays again and the
         far end of the cost model is measured, not only taken from the
-        start-up profile (a profile taken on a busy host can be far off). On: alternately one candidate wider (so the rate of the
+        start-up profile (a profile taken on a busy host can be far off). On:
+        every 4th probe at W = 0, so the off cost is measured in every
+        batch-size bucket the server runs (it is mostly fixed overhead on a
+        CPU server, which a profile of the model's matmuls cannot see); the
+        others alternately one candidate wider (so the rate of the
         first unverified position does not stay stale forever) and one
         narrower (so the cost cell next to the current width is measured, not
         only extrapolated from the profile); at the ends only the inner one.
@@ -755,7 +760,11 @@ class SpeculationPolicy:
         if self.width == 0:
             self._probe_wide = not self._probe_wide
             probe = self.widths[-1] if self._probe_wide else self.probe_width
+        elif self.widths[0] == 0 and self._on_probes % 4 == 3:
+            probe = 0  # every 4th probe while on: measure the off cost in this bucket
+            self._on_probes += 1
         else:
+            self._on_probes += 1
             self._probe_down = not self._probe_down
             down = (self._probe_down and i > 0) or i == len(self.widths) - 1
             probe = self.widths[i - 1] if down else self.widths[i + 1]

@@ -29,9 +29,16 @@ def _check(drafter_dir, target_dir=TARGET) -> dict:
 @pytest.mark.parametrize("name,arch,version", [
     ("drafter-trained", "DFlashDraftModel", 1),
     ("dflash2-random", "DFlash2DraftModel", 2),
+    ("demo", "DFlash2DraftModel", 2),  # written by `sglang-dflash train`
 ])
 def test_registry_resolves_our_class_and_loads_identically(name, arch, version):
-    out = _check(PATHS[name])
+    if name == "demo":
+        from sglang_dflash.demo import demo_pair
+
+        target, drafter = demo_pair()
+        out = _check(drafter, target)
+    else:
+        out = _check(PATHS[name])
     assert out["arch"] == arch and out["module"] == "sglang_dflash.adapter.models.dflash_draft"
     assert out["version"] == version
     assert out["identical"] is True

@@ -122,6 +122,18 @@ def test_probes_while_off_and_turns_back_on_when_acceptance_improves():
     assert executed[-1] > 0
 
 
+def test_probes_while_on_include_the_off_cost():
+    """While on, every 4th probe runs W = 0 so the off cost is measured, the
+    others a neighbouring width; the decided width does not move."""
+    rng = random.Random(13)
+    policy = make_policy(probe_interval=10)
+    executed = run(policy, [0.9] * 7, 1, 800, rng)
+    assert policy.width == B - 1
+    probes = [w for w in executed[10:] if w != B - 1]
+    assert probes.count(0) == pytest.approx(len(probes) / 4, abs=1)
+    assert set(probes) == {0, B - 2}
+
+
 def test_no_flapping_at_threshold_with_noise():
     bs = 32
     a = uniform_rate_at_threshold(bs)
