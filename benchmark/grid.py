@@ -687,7 +687,66 @@ def markdown(report: dict, summary: list[dict], plots: list[str], img_prefix: st
         if imgs:
             lines.append("")
             lines += [f"![{os.path.basename(p)}]({img_prefix}{os.path.basename(p)})" for p in imgs]
+    lines += adaptive_criteria_md(report)
     return "\n".join(lines) + "\n"
+
+
+# Concurrency-aware speculation, what must hold in every cell (medians of
+# per-repetition ratios): adaptive >= 0.97 x plain; adaptive >= 0.95 x the
+# better of always-on and off; at concurrency 1, adaptive >= 0.95 x always-on.
+CRITERIA = {"vs_plain": 0.97, "vs_best_fixed": 0.95, "vs_on_at_c1": 0.95}
+
+
+def adaptive_criteria(cells: list[dict]) -> list[dict]:
+    """Per (workload, concurrency): the adaptive policy's throughput ratios
+    against plain, the better of on/off, and on, each the median over
+    repetitions of the ratio within a repetition."""
+    ok = {(c["workload"], c["concurrency"], c["config"], c["rep"]): c["output_throughput"]
+          for c in cells if "error" not in c and c.get("completed") and c.get("output_throughput")}
+    keys = sorted({(w, conc, rep) for (w, conc, name, rep) in ok if name == "dflash-adaptive"})
+    ratios: dict = {}
+    for w, conc, rep in keys:
+        ad = ok[(w, conc, "dflash-adaptive", rep)]
+        on, off, plain = (ok.get((w, conc, n, rep)) for n in ("dflash-on", "dflash-off", "plain"))
+        entry = ratios.setdefault((w, conc), {"vs_plain": [], "vs_best_fixed": [], "vs_on": []})
+        if plain:
+            entry["vs_plain"].append(ad / plain)
+        if on and off:
+            entry["vs_best_fixed"].append(ad / max(on, off))
+        if on:
+            entry["vs_on"].append(ad / on)
+    rows = []
+    for (w, conc), entry in ratios.items():
+        row = {"workload": w, "concurrency": conc}
+        for k, values in entry.items():
+            row[k] = spread(values)
+        med = {k: (row[k] or {}).get("median") for k in entry}
+        checks = [med["vs_plain"] is None or med["vs_plain"] >= CRITERIA["vs_plain"],
+                  med["vs_best_fixed"] is None or med["vs_best_fixed"] >= CRITERIA["vs_best_fixed"]]
+        if conc == 1:
+            checks.append(med["vs_on"] is None or med["vs_on"] >= CRITERIA["vs_on_at_c1"])
+        row["pass"] = all(checks)
+        rows.append(row)
+    return rows
+
+
+def adaptive_criteria_md(report: dict) -> list[str]:
+    rows = adaptive_criteria(report["cells"])
+    if not rows:
+        return []
+    passed = sum(r["pass"] for r in rows)
+    lines = ["", "### Adaptive policy against its criteria", "",
+             f"Throughput ratios of `dflash-adaptive`, median [min-max] over repetitions of the ratio "
+             f"within a repetition. Criteria: >= {CRITERIA['vs_plain']} x plain in every cell; "
+             f">= {CRITERIA['vs_best_fixed']} x the better of `dflash-on` and `dflash-off`; at "
+             f"concurrency 1, >= {CRITERIA['vs_on_at_c1']} x `dflash-on`. "
+             f"**{passed} of {len(rows)} cells pass.**", "",
+             "| workload | c | vs plain | vs max(on, off) | vs on | pass |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['workload']} | {r['concurrency']} | {fmt_spread(r['vs_plain'])} | "
+                     f"{fmt_spread(r['vs_best_fixed'])} | {fmt_spread(r['vs_on'])} | "
+                     f"{'yes' if r['pass'] else '**no**'} |")
+    return lines
 
 
 # ---------------------------------------------------------------------------

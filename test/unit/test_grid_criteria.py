@@ -1,0 +1,40 @@
+"""benchmark/grid.py's check of the adaptive policy's criteria, on synthetic cells."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmark"))
+import grid  # noqa: E402
+
+
+def _cells(values):
+    """values: {(config, concurrency): [tok/s per repetition]} for workload math."""
+    return [{"workload": "math", "concurrency": c, "config": name, "rep": rep, "completed": 8,
+             "output_throughput": tps}
+            for (name, c), reps in values.items() for rep, tps in enumerate(reps)]
+
+
+def test_ratios_are_taken_within_a_repetition_then_medianed():
+    rows = grid.adaptive_criteria(_cells({
+        ("plain", 1): [100, 200, 100], ("dflash-on", 1): [300, 600, 300],
+        ("dflash-off", 1): [90, 180, 90], ("dflash-adaptive", 1): [290, 580, 300]}))
+    (row,) = rows
+    assert row["vs_plain"]["median"] == pytest.approx(2.9)
+    assert row["vs_best_fixed"]["median"] == pytest.approx(290 / 300)
+    assert row["pass"] is True
+
+
+@pytest.mark.parametrize("adaptive,on,off,plain,conc,ok", [
+    (96, 200, 100, 100, 8, False),   # below 0.97 x plain
+    (180, 200, 100, 100, 8, False),  # below 0.95 x the better fixed mode
+    (190, 200, 100, 100, 8, True),
+    (190, 200, 100, 100, 1, True),   # 0.95 x on at c = 1
+    (185, 200, 100, 100, 1, False),
+])
+def test_each_criterion_can_fail(adaptive, on, off, plain, conc, ok):
+    (row,) = grid.adaptive_criteria(_cells({
+        ("plain", conc): [plain], ("dflash-on", conc): [on], ("dflash-off", conc): [off],
+        ("dflash-adaptive", conc): [adaptive]}))
+    assert row["pass"] is ok
