@@ -534,6 +534,14 @@ def summarise(cells: list[dict], opts) -> list[dict]:
 # ---------------------------------------------------------------------------
 
 
+def _save_figure(plt, fig, out_dir: str, name: str) -> str:
+    fig.tight_layout()
+    path = os.path.join(out_dir, name)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot(summary: list[dict], opts, out_dir: str) -> list[str]:
     import matplotlib
 
@@ -567,11 +575,7 @@ def plot(summary: list[dict], opts, out_dir: str) -> list[str]:
             ax.set_title(f"{w} ({WORKLOAD_SOURCES[w]}): median, bars min-max over repeats")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-            fig.tight_layout()
-            path = os.path.join(out_dir, f"{stem}_{w}.png")
-            fig.savefig(path, dpi=110)
-            plt.close(fig)
-            files.append(path)
+            files.append(_save_figure(plt, fig, out_dir, f"{stem}_{w}.png"))
         # Acceptance-length histogram from the per-request histograms, pooled over
         # every cell of the workload (all concurrencies and repeats).
         pooled: dict[str, list[int]] = {}
@@ -591,11 +595,7 @@ def plot(summary: list[dict], opts, out_dir: str) -> list[str]:
             ax.set_title(f"{w} ({WORKLOAD_SOURCES[w]}): acceptance length, all cells")
             ax.grid(alpha=0.3, axis="y")
             ax.legend(fontsize=8)
-            fig.tight_layout()
-            path = os.path.join(out_dir, f"accept_hist_{w}.png")
-            fig.savefig(path, dpi=110)
-            plt.close(fig)
-            files.append(path)
+            files.append(_save_figure(plt, fig, out_dir, f"accept_hist_{w}.png"))
     return files
 
 

@@ -511,11 +511,11 @@ class CostModel:
             self._base_cache[key] = t = max(t, 1e-9)
         return t
 
-    def _nearest(self, bucket: int) -> int | None:
-        """The observed bucket nearest to `bucket` (the smaller one on a tie), or None."""
-        if not self._fits:
-            return None
-        return min(self._fits, key=lambda b: (abs(b - bucket), b))
+    def _nearest(self, bucket: int, exclude: int | None = None) -> int | None:
+        """The observed bucket nearest to `bucket` other than `exclude` (the
+        smaller one on a tie), or None."""
+        others = [b for b in self._fits if b != exclude]
+        return min(others, key=lambda b: (abs(b - bucket), b)) if others else None
 
     def params(self, bs: int) -> tuple[float, float]:
         """(F seconds, scale s) of the online fit at this batch size."""
@@ -524,7 +524,7 @@ class CostModel:
         if cached is not None:
             return cached
         if bucket in self._fits:
-            near = self._nearest_other(bucket)
+            near = self._nearest(bucket, exclude=bucket)
             f0 = self.params_of(near)[0] if near is not None else 0.0
             value = self._fits[bucket].solve(self.prior_weight, f0)
         else:
@@ -536,10 +536,6 @@ class CostModel:
     def params_of(self, bucket: int) -> tuple[float, float]:
         """(F, s) solved from one observed bucket's own data alone (prior F = 0)."""
         return self._fits[bucket].solve(self.prior_weight, 0.0)
-
-    def _nearest_other(self, bucket: int) -> int | None:
-        others = [b for b in self._fits if b != bucket]
-        return min(others, key=lambda b: (abs(b - bucket), b)) if others else None
 
     def correction(self, bs: int, width: int) -> float:
         """Current predicted / profiled seconds at (bs, W)."""
