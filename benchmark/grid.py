@@ -55,9 +55,13 @@ def _policy(mode: str) -> dict:
     return {"SGLANG_DFLASH_POLICY": json.dumps({"mode": mode})}
 
 
-# name -> (description, kind, extra env). kind: plain | dflash | ngram.
+# name -> (description, kind, extra env[, extra server args]). kind: plain | dflash | ngram.
 CONFIGS = {
     "plain": ("plain decoding (no speculation)", "plain", {}),
+    # Diagnostic: plain decoding without SGLang's overlap scheduler, which our
+    # worker also runs without (it drafts and verifies in one synchronous step).
+    "plain-sync": ("plain decoding, --disable-overlap-schedule", "plain", {},
+                   ["--disable-overlap-schedule"]),
     "dflash-on": ("our DFLASH worker, policy on (always full block)", "dflash", _policy("on")),
     "dflash-adaptive": ("our DFLASH worker, adaptive policy", "dflash", _policy("adaptive")),
     "dflash-off": ("our DFLASH worker, policy off (zero-speculation control)", "dflash",
@@ -69,7 +73,7 @@ CONFIGS = {
 CUDA_ONLY = {"upstream-dflash"}
 
 PRESETS = {
-    "full": dict(configs=list(CONFIGS), workloads=list(WORKLOADS), concurrency=[1, 4, 8, 16, 32, 64],
+    "full": dict(configs=[c for c in CONFIGS if c != "plain-sync"], workloads=list(WORKLOADS), concurrency=[1, 4, 8, 16, 32, 64],
                  repeats=3, max_new_tokens=128, min_requests=16, requests_per_slot=2,
                  warmup_requests=8, section="grid"),
     # Two measured configurations; ngram and upstream-dflash only cost a start-up
@@ -193,7 +197,7 @@ def write_prompt_files(sets: dict[str, dict], n_max: int, directory: str) -> dic
 
 
 def server_args(name: str, opts) -> tuple[list[str], dict]:
-    _, kind, env = CONFIGS[name]
+    _, kind, env, *extra = CONFIGS[name]
     args = ["--model-path", opts.target,
             "--max-running-requests", str(opts.max_running_requests),
             "--max-total-tokens", str(opts.max_total_tokens),
@@ -207,6 +211,7 @@ def server_args(name: str, opts) -> tuple[list[str], dict]:
             args += ["--speculative-num-draft-tokens", str(opts.block_size)]
     elif kind == "ngram":
         args += ["--speculative-algorithm", "NGRAM"]
+    args += extra[0] if extra else []
     args += shlex.split(opts.server_args or "")
     return args, dict(env)
 

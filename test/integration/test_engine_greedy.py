@@ -81,10 +81,15 @@ def test_demo_pair_greedy_identical_and_speculates():
     runs = [{"name": f"bs{bs}", "prompts": demo_prompts, "batch_size": bs, "sampling_params": GREEDY}
             for bs in (1, 6)]
     plain = run_engine({"model_path": target}, runs)
-    spec = run_engine({"model_path": target, "speculative_algorithm": "DFLASH",
-                       "speculative_draft_model_path": drafter}, runs)
-    for name in plain:
-        assert _ids(spec[name]) == _ids(plain[name]), f"{name}: demo pair output differs from plain"
-        lengths = _accept_lengths(spec[name])
-        mean = sum(lengths) / len(lengths)
-        assert mean > 3.0, f"{name}: demo pair mean spec_accept_length {mean:.2f} <= 3.0"
+    dflash = {"model_path": target, "speculative_algorithm": "DFLASH", "speculative_draft_model_path": drafter}
+    # Both scheduler loops: SGLang's overlap scheduler (the default) and the
+    # synchronous one (--disable-overlap-schedule).
+    for overlap in (True, False):
+        spec, state = run_engine({**dflash, "disable_overlap_schedule": not overlap}, runs, with_state=True)
+        assert state["overlap_schedule"] is overlap
+        for name in plain:
+            assert _ids(spec[name]) == _ids(plain[name]), (
+                f"{name} (overlap {overlap}): demo pair output differs from plain")
+            lengths = _accept_lengths(spec[name])
+            mean = sum(lengths) / len(lengths)
+            assert mean > 3.0, f"{name}: demo pair mean spec_accept_length {mean:.2f} <= 3.0"

@@ -5,9 +5,9 @@ Installed as a HookRegistry REPLACE of
 upstream: CPU is a supported device; the drafter checkpoint is validated here,
 in the launching process, so a broken drafter fails start-up with the reason
 before any worker process is spawned; the block size defaults to the
-drafter's own `block_size`; overlap scheduling is off (our worker is
-synchronous). Every decision is written through `declare_resolution`, like
-upstream, never by plain assignment.
+drafter's own `block_size`; SGLang's overlap scheduler is left on unless
+the user disables it (`--disable-overlap-schedule`). Every decision is
+written through `declare_resolution`, like upstream, never by plain assignment.
 """
 
 from __future__ import annotations
@@ -126,8 +126,9 @@ def handle_dflash(server_args) -> None:
         speculative_num_steps=1,
         speculative_eagle_topk=1,
         speculative_num_draft_tokens=block,
-        # The worker runs the draft and verify in one synchronous step.
-        disable_overlap_schedule=True,
+        # SGLang's overlap scheduler stays as the user set it (on by default):
+        # the worker follows the spec-v2 contract (publishes next seq_lens,
+        # relays only bonus tokens, takes accept counts in launch order).
     )
     if cfg.speculative_draft_attention_backend is None:
         # Our drafter runs its own attention; record the target's for tools that read it.

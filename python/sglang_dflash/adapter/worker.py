@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 
 import torch
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-from sglang.srt.runtime_context import get_spec
+from sglang.srt.runtime_context import get_schedule, get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
@@ -72,10 +73,13 @@ class DFlashWorker(BaseSpecWorker):
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(get_spec_seed(server_args)))
         self.policy = self._build_policy()
-        self._last_step = None  # (width, batch size) awaiting its accept counts
+        # (width, batch size) of decode steps awaiting their accept counts: with
+        # the overlap scheduler, step N's counts arrive after step N+1 launched.
+        self._pending_steps: deque[tuple[int, int]] = deque(maxlen=8)
         self._period_start = None  # (batch size, start) of the last decode step
         self._period_width = None  # ... and the width it ran
         self.stats = SpecStats(self.block_size - 1)
+        self.overlap_schedule = not get_schedule().disable_overlap_schedule
         logger.info(
             "sglang-dflash worker: v%d drafter, %d layers, block %d, target layers %s",
             self.drafter.cfg.version,
@@ -202,7 +206,7 @@ class DFlashWorker(BaseSpecWorker):
         logits_output.hidden_states = None
         tokens = torch.full((bs, self.block_size), PAD_TOKEN_ID, dtype=torch.int64, device=self.device)
         tokens[:, :num_verify] = result.tokens
-        self._last_step = (width, bs)
+        self._pending_steps.append((width, bs))
         self._period_width = width
         return GenerationBatchResult(
             logits_output=logits_output,
@@ -218,16 +222,26 @@ class DFlashWorker(BaseSpecWorker):
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size=0):
         """Host-side feedback after the scheduler copied the accept counts (no sync here)."""
-        if self._last_step is None:
-            return
-        width, bs = self._last_step
-        self._last_step = None
         accepted = list(num_correct_drafts_per_req)
+        step = self._pop_pending(len(accepted))
+        if step is None:
+            return
+        width, bs = step
         self.stats.observe(width, accepted)
         if width == 0:
             self.policy.observe_plain(None, bs)
         else:
             self.policy.observe_verify(width, accepted, None, bs)
+
+    def _pop_pending(self, bs):
+        """The oldest decode step awaiting feedback, in launch order. A step whose
+        result the scheduler never processed (none seen so far) would show as a
+        batch-size mismatch: skip such entries rather than misattribute counts."""
+        while self._pending_steps:
+            width, step_bs = self._pending_steps.popleft()
+            if step_bs == bs:
+                return width, step_bs
+        return None
 
     def _time_step(self, bs):
         """Feed the policy the last decode step's period: from its start to this
@@ -246,6 +260,7 @@ class DFlashWorker(BaseSpecWorker):
         return {
             "block_size": self.block_size,
             "drafter_version": self.drafter.cfg.version,
+            "overlap_schedule": self.overlap_schedule,
             "policy": self.policy.snapshot(),
             **self.stats.snapshot(),
         }
