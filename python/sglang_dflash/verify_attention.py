@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import torch
 
+# Requests per attention call. Requests are sorted by length and attended in
+# groups, each padded only to its own longest context: with chat-like length
+# spreads this gathers far fewer padded K/V rows than one batch padded to the
+# global maximum, and a group's gathered K/V stays small enough to remain in
+# cache instead of evicting the weights the next matmuls read.
+GROUP_SIZE = 8
 
-def verify_attention(q, k_cache, v_cache, token_rows, prefix_lens, width, *, scaling, sliding_window=None):
+
+def verify_attention(q, k_cache, v_cache, token_rows, prefix_lens, width, *, scaling,
+                     sliding_window=None, group_size=GROUP_SIZE):
     """Causal attention of a `width`-token block on top of each request's prefix.
 
     Query i of request b sits at position prefix_b + i and sees keys 0..prefix_b + i
-    (the block's own K/V are already in the cache). Batched over requests with
-    the context padded to the longest: cost O(bs * width * L), not the
-    O(bs * L^2) of treating the block as a full extend.
+    (the block's own K/V are already in the cache). Cost O(bs * width * L), not
+    the O(bs * L^2) of treating the block as a full extend.
 
     Args:
         q: [bs * width, heads, d]; k_cache/v_cache: [slots, kv_heads, d];
@@ -21,18 +28,34 @@ def verify_attention(q, k_cache, v_cache, token_rows, prefix_lens, width, *, sca
     """
     bs = prefix_lens.shape[0]
     heads = q.shape[1]
+    query = q.view(bs, width, heads, -1)
+    if bs <= group_size:
+        out = _attend(query, k_cache, v_cache, token_rows, prefix_lens, width, scaling, sliding_window)
+        return out.reshape(bs * width, heads, -1)
+    # Host-side grouping: one sync for the lengths (CPU backend: free).
+    order = torch.argsort(prefix_lens)
+    out = query.new_empty(bs, width, heads, v_cache.shape[-1])
+    for start in range(0, bs, group_size):
+        idx = order[start:start + group_size]
+        out[idx] = _attend(query[idx], k_cache, v_cache, token_rows[idx], prefix_lens[idx], width,
+                           scaling, sliding_window)
+    return out.reshape(bs * width, heads, -1)
+
+
+def _attend(query, k_cache, v_cache, token_rows, prefix_lens, width, scaling, sliding_window):
+    """query: [n, width, heads, d] -> [n, width, heads, d_v], padded to this group's longest context."""
+    n, _, heads, _ = query.shape
     kv_len = int(prefix_lens.max()) + width
     slots = token_rows[:, :kv_len].long()
-    keys = k_cache[slots].transpose(1, 2)  # [bs, kv_heads, L, d]
+    keys = k_cache[slots].transpose(1, 2)  # [n, kv_heads, L, d]
     values = v_cache[slots].transpose(1, 2)
-    query = q.view(bs, width, heads, -1).transpose(1, 2)  # [bs, heads, width, d]
-    qpos = prefix_lens.view(bs, 1, 1).long() + torch.arange(width, device=q.device).view(1, width, 1)
-    kpos = torch.arange(kv_len, device=q.device).view(1, 1, kv_len)
+    qpos = prefix_lens.view(n, 1, 1).long() + torch.arange(width, device=query.device).view(1, width, 1)
+    kpos = torch.arange(kv_len, device=query.device).view(1, 1, kv_len)
     mask = kpos <= qpos
     if sliding_window is not None:
         mask &= kpos >= qpos - sliding_window
     out = torch.nn.functional.scaled_dot_product_attention(
-        query, keys.to(query.dtype), values.to(query.dtype), attn_mask=mask.unsqueeze(1),
+        query.transpose(1, 2), keys.to(query.dtype), values.to(query.dtype), attn_mask=mask.unsqueeze(1),
         scale=scaling, enable_gqa=keys.shape[1] != heads,
     )
-    return out.transpose(1, 2).reshape(bs * width, heads, -1)
+    return out.transpose(1, 2)

@@ -37,3 +37,18 @@ def test_matches_naive_gqa_and_window():
         got = verify_attention(q, k_cache, v_cache, rows, prefix, width, scaling=scale, sliding_window=window)
         want = _naive(q, k_cache, v_cache, rows, prefix, width, scale, window)
         assert torch.allclose(got, want, atol=1e-5), window
+
+
+def test_length_groups_match_naive():
+    """More requests than one group, with very different lengths: grouping by
+    length (each group padded to its own longest) changes nothing."""
+    torch.manual_seed(1)
+    slots, kv_heads, heads, d, width, bs = 512, 2, 4, 8, 2, 11
+    k_cache, v_cache = torch.randn(slots, kv_heads, d), torch.randn(slots, kv_heads, d)
+    prefix = torch.tensor([40, 0, 3, 90, 17, 17, 64, 1, 120, 5, 33])
+    rows = torch.stack([torch.randperm(slots)[:130] for _ in range(bs)])
+    q = torch.randn(bs * width, heads, d)
+    want = _naive(q, k_cache, v_cache, rows, prefix, width, 0.3)
+    for group in (1, 3, 4, bs, 64):
+        got = verify_attention(q, k_cache, v_cache, rows, prefix, width, scaling=0.3, group_size=group)
+        assert torch.allclose(got, want, atol=1e-5), group
