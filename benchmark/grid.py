@@ -613,7 +613,7 @@ def markdown(report: dict, summary: list[dict], plots: list[str], img_prefix: st
     meta, opts = report["meta"], report["meta"]["settings"]
     m, v = meta["machine"], meta["versions"]
     lines = [
-        f"## Serving grid ({meta['mode']})",
+        f"## Serving grid ({meta.get('section') or meta['mode']})",
         "",
         "Command (run from the repository root):",
         "",
@@ -798,6 +798,8 @@ def parse_args(argv=None):
     p.add_argument("--out", help="output dir (default benchmark/results/<mode>)")
     p.add_argument("--results-md", help="Markdown file whose section to update (default: "
                    "benchmark/RESULTS.md for the full and quick grids with the default --out)")
+    p.add_argument("--section", help="RESULTS.md section (and heading) to write; default: the mode's "
+                   "(grid, grid-quick). Give one for a partial grid so the full grid's stays")
     p.add_argument("--keep-logs", action="store_true", help="keep server / bench_serving logs in OUT/logs")
     p.add_argument("--from-json", help="only re-render the reports (tables, plots, RESULTS.md section) "
                    "from an existing grid.json; runs nothing")
@@ -820,7 +822,7 @@ def parse_args(argv=None):
     default_out = os.path.join(common.RESULTS_DIR, opts.mode)
     if opts.results_md is None and not opts.out and not opts.from_json and preset["section"]:
         opts.results_md = common.RESULTS_MD
-    opts.section = preset["section"] or f"grid-{opts.mode}"
+    opts.section = opts.section or preset["section"] or f"grid-{opts.mode}"
     opts.out = os.path.abspath(opts.out or default_out)
     if not opts.target or not opts.drafter:
         from sglang_dflash.demo import demo_pair
@@ -852,7 +854,8 @@ def main(argv=None) -> int:
             report = json.load(f)
         out = os.path.abspath(opts.out_given or os.path.dirname(os.path.abspath(opts.from_json)))
         mode = report["meta"]["mode"]
-        section = (PRESETS.get(mode) or {}).get("section") or f"grid-{mode}"
+        section = (opts.section or report["meta"].get("section")
+                   or (PRESETS.get(mode) or {}).get("section") or f"grid-{mode}")
         render(report, out, opts.results_md, section)
         return 0
     on_cuda = common.cuda_available()
@@ -887,6 +890,9 @@ def main(argv=None) -> int:
     report = {
         "meta": {
             "mode": opts.mode,
+            # A non-default section names a partial grid (its heading too).
+            "section": None if opts.section == (PRESETS[opts.mode]["section"] or f"grid-{opts.mode}")
+            else opts.section,
             "command": "python " + shlex.join(command + (sys.argv[1:] if argv is None else list(argv))),
             "date": common.now_iso(),
             "machine": common.machine_info(),

@@ -109,6 +109,7 @@ class PolicyConfig:
     urgent_margin: float = 0.30  # ... or by this much once (e.g. a load burst)
     probe_interval: int = 50  # steps between probes; 0 disables probing
     probe_width: int = 2  # W of an off-state probe (largest candidate <= this)
+    probe_length: int = 1  # consecutive steps a probe runs (the worker uses >= 2 under overlap)
     acceptance_half_life: float = 50.0  # steps; math.inf = no decay
     min_weight: float = 4.0  # floor of a position's decayed weight; also the prior's weight
     prior_rate: float = 0.7  # a_j before any observation
@@ -162,6 +163,8 @@ def _check_hysteresis(c: PolicyConfig) -> None:
              c.switch_patience, "must be an int >= 1")
     _require(_is_int(c.probe_interval) and c.probe_interval >= 0, "probe_interval",
              c.probe_interval, "must be an int >= 0 (0 disables probing)")
+    _require(_is_int(c.probe_length) and c.probe_length >= 1, "probe_length", c.probe_length,
+             "must be an int >= 1")
     _require(_is_int(c.probe_width) and c.probe_width >= 1, "probe_width", c.probe_width,
              "must be an int >= 1")
 
@@ -659,6 +662,8 @@ class SpeculationPolicy:
         self._probe_down = False  # direction of the next probe while on
         self._probe_wide = True  # while off: the next probe at probe_width (then the widest)
         self._on_probes = 0  # probes while on; every 4th measures W = 0
+        self._probe_left = 0  # further steps of the running probe
+        self._probe_at = 0  # ... and its width
         self._requests: dict[Hashable, _RequestStats] = {}
 
     @classmethod
@@ -746,7 +751,12 @@ class SpeculationPolicy:
         first unverified position does not stay stale forever) and one
         narrower (so the cost cell next to the current width is measured, not
         only extrapolated from the profile); at the ends only the inner one.
+        A probe lasts `probe_length` steps.
         """
+        if self._probe_left > 0:
+            self._probe_left -= 1
+            self.probe_steps += self._probe_at != self.width
+            return self._probe_at
         self._since_probe += 1
         interval = self.cfg.probe_interval
         if interval == 0 or self._since_probe < interval or len(self.widths) == 1:
@@ -765,6 +775,7 @@ class SpeculationPolicy:
             down = (self._probe_down and i > 0) or i == len(self.widths) - 1
             probe = self.widths[i - 1] if down else self.widths[i + 1]
         self.probe_steps += probe != self.width
+        self._probe_left, self._probe_at = self.cfg.probe_length - 1, probe
         return probe
 
     # -- feedback ---------------------------------------------------------

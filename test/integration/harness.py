@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,8 @@ from sglang_dflash.demo import tiny_paths
 from sglang_dflash.prompts import mixed_prompts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmark"))
+from common import free_port  # noqa: E402  (one port picker for benchmarks and tests)
 
 # The losslessness tests pin speculation always on (every step verifies the
 # full block: the most multi-token accept and commit paths). The default,
@@ -70,18 +71,6 @@ def run_engine(engine_kwargs: dict, runs: list[dict], timeout: int = 2400, with_
         out = json.load(open(out_path))
         by_name = {run["name"]: run for run in out["runs"]}
         return (by_name, out["dflash"]) if with_state else by_name
-
-
-def free_port() -> int:
-    """A free port below the ephemeral range (SGLang binds internal ports there)."""
-    for port in range(21000 + os.getpid() % 5000, 32000):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no free port")
 
 
 class Server:

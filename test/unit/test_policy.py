@@ -134,6 +134,23 @@ def test_probes_while_on_include_the_off_cost():
     assert set(probes) == {0, B - 2}
 
 
+def test_probes_last_probe_length_steps():
+    """probe_length = 2 (what the worker uses under SGLang's overlap scheduler,
+    where only a probe's second step is timed cleanly): every probe is a run of
+    exactly two steps at the probe width, still one probe per interval."""
+    rng = random.Random(13)
+    policy = make_policy(probe_interval=10, probe_length=2)
+    executed = run(policy, [0.9] * 7, 1, 800, rng)
+    assert policy.width == B - 1
+    runs = [(w, len(list(g))) for w, g in itertools.groupby(executed)][:-1]  # last may be cut
+    probe_runs = [(w, n) for w, n in runs if w != B - 1]
+    assert probe_runs and all(n == 2 for _, n in probe_runs), probe_runs
+    assert {w for w, _ in probe_runs} == {0, B - 2}
+    assert len(probe_runs) == pytest.approx(800 / 11, rel=0.1)  # 9 decided steps + 2 probe steps
+    with pytest.raises(ValueError, match="probe_length"):
+        make_policy(probe_length=0)
+
+
 def test_no_flapping_at_threshold_with_noise():
     bs = 32
     a = uniform_rate_at_threshold(bs)

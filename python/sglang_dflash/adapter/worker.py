@@ -23,6 +23,7 @@ defined here is delegated to the target worker (`__getattr__`), as upstream does
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -72,14 +73,15 @@ class DFlashWorker(BaseSpecWorker):
         # target sampler's stream (dflash.md §4.5 item 3).
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(get_spec_seed(server_args)))
-        self.policy = self._build_policy()
         # (width, batch size) of decode steps awaiting their accept counts: with
         # the overlap scheduler, step N's counts arrive after step N+1 launched.
         self._pending_steps: deque[tuple[int, int]] = deque(maxlen=8)
         self._period_start = None  # (batch size, start) of the last decode step
         self._period_width = None  # ... and the width it ran
-        self.stats = SpecStats(self.block_size - 1)
+        self._prior_width = None  # width of the decode step before that one
         self.overlap_schedule = not get_schedule().disable_overlap_schedule
+        self.policy = self._build_policy()
+        self.stats = SpecStats(self.block_size - 1)
         logger.info(
             "sglang-dflash worker: v%d drafter, %d layers, block %d, target layers %s",
             self.drafter.cfg.version,
@@ -103,6 +105,9 @@ class DFlashWorker(BaseSpecWorker):
 
     def _build_policy(self) -> SpeculationPolicy:
         cfg = load_policy_config()
+        if self.overlap_schedule and cfg.probe_length < 2:
+            # Under overlap only a probe's second step is timed cleanly (see _time_step).
+            cfg = dataclasses.replace(cfg, probe_length=2)
         if cfg.mode != "adaptive":
             return SpeculationPolicy(cfg, self.block_size)
         from sglang_dflash.adapter.profile import profile_costs
@@ -153,6 +158,7 @@ class DFlashWorker(BaseSpecWorker):
 
     def _prefill(self, batch, on_publish, pp_proxy_tensors):
         self._period_start = None  # a prefill between two decode steps is not their cost
+        self._period_width = self._prior_width = None  # ... nor is processing its result (overlap)
         out = self.target_worker.forward_batch_generation(
             batch,
             pp_proxy_tensors=pp_proxy_tensors,
@@ -248,12 +254,20 @@ class DFlashWorker(BaseSpecWorker):
         step's start, so the scheduler's own per-step work (result processing,
         streaming, batch preparation) counts; that overhead does not grow with W
         and is what makes wide verifies pay on a CPU server. A prefill in
-        between voids the sample."""
+        between voids the sample. Under the overlap scheduler a step's period
+        also holds the processing of the step BEFORE it (results are processed
+        one step late), so the sample counts only when that step ran the same
+        width: otherwise a lone W = 0 step would be charged a wide step's
+        commit processing (probes therefore last two steps under overlap)."""
         now = time.perf_counter()
-        last, width = self._period_start, self._period_width
+        last, width, prior = self._period_start, self._period_width, self._prior_width
         self._period_start, self._period_width = (bs, now), None
-        if last is not None and width is not None:
-            self.policy.observe_step_time(width, now - last[1], last[0])
+        self._prior_width = width
+        if last is None or width is None:
+            return
+        if self.overlap_schedule and prior != width:
+            return
+        self.policy.observe_step_time(width, now - last[1], last[0])
 
     def stats_snapshot(self) -> dict:
         """Server-level speculation state for /get_server_info (JSON-serializable)."""
