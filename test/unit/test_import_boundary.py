@@ -12,6 +12,7 @@ CORE_MODULES = [
     "sglang_dflash.model",
     "sglang_dflash.checkpoint",
     "sglang_dflash.draft",
+    "sglang_dflash.context",
     "sglang_dflash.candidates",
     "sglang_dflash.select",
     "sglang_dflash.rejection",

@@ -7,14 +7,15 @@ One decode step, each line one call (`forward_batch_generation`):
   logits   = target TARGET_VERIFY forward over the block  SGLang target worker
   result   = verify_block(drafts, logits, sampling, q)    verify.py (greedy / exact sampling)
   plan     = plan_commit(accept_len, prefix_lens)         draft.py
-  drafter context += target features of committed rows   DraftKVCache
+  drafter context += target features of committed rows   context.py
 
 The drafter runs outside SGLang's ModelRunner: its KV cache (`DraftKVCache`)
 holds the context K/V projected from the target's hidden states, indexed by the
 target's own KV slot ids. Radix-cache prefix sharing, chunked prefill and slot
 reuse therefore need no extra bookkeeping: every slot the target commits gets
-its draft context written in the same step (prefill: all extend tokens;
-decode: the committed rows only), and a slot is read only for committed
+its draft context row (prefill: all extend tokens; decode: the committed rows
+only), written before the drafter next reads (`DraftContext`: at once, or
+deferred while speculation is off), and a slot is read only for committed
 positions of a request that owns it.
 
 The scheduler treats the spec worker as its model worker, so anything not
@@ -38,8 +39,8 @@ from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_utils import apply_dflash_verify_logits_adjustments
 from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 
-from sglang_dflash.adapter.draft_kv import DraftKVCache
 from sglang_dflash.checkpoint import load_drafter
+from sglang_dflash.context import DraftContext, DraftKVCache
 from sglang_dflash.draft import context_slots, make_blocks, plan_commit
 from sglang_dflash.adapter.server_args import load_policy_config
 from sglang_dflash.policy import SpeculationPolicy
@@ -68,7 +69,7 @@ class DFlashWorker(BaseSpecWorker):
         self.block_size = int(spec.speculative_num_draft_tokens)
         self.drafter = self._load_drafter(spec.speculative_draft_model_path)
         self.mask_token_id = self.drafter.cfg.mask_token_id
-        self.draft_kv: DraftKVCache | None = None
+        self.context: DraftContext | None = None  # drafter context K/V (alloc_memory_pool)
         # Draws for the selector walk and the accept tests; independent of the
         # target sampler's stream (dflash.md §4.5 item 3).
         self.generator = torch.Generator(device=self.device)
@@ -124,7 +125,7 @@ class DFlashWorker(BaseSpecWorker):
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         num_slots = self.model_runner.token_to_kv_pool.get_key_buffer(0).shape[0]
         cfg = self.drafter.cfg
-        self.draft_kv = DraftKVCache(
+        kv = DraftKVCache(
             num_layers=cfg.num_hidden_layers,
             num_slots=num_slots,
             num_kv_heads=cfg.num_key_value_heads,
@@ -132,6 +133,7 @@ class DFlashWorker(BaseSpecWorker):
             dtype=self.model_runner.dtype,
             device=self.device,
         )
+        self.context = DraftContext(kv, self._project_context)
 
     def init_attention_backends(self):
         pass
@@ -170,7 +172,7 @@ class DFlashWorker(BaseSpecWorker):
         prefix = torch.tensor(batch.prefix_lens, dtype=torch.int64, device=self.device)
         lens = torch.tensor(batch.extend_lens, dtype=torch.int64, device=self.device)
         positions = _extend_positions(prefix, lens)
-        self._write_context(hidden, positions, batch.out_cache_loc)
+        self.context.commit(hidden, positions, batch.out_cache_loc)
         out.logits_output.hidden_states = None
         out.new_seq_lens = batch.seq_lens
         if on_publish is not None:
@@ -206,9 +208,10 @@ class DFlashWorker(BaseSpecWorker):
             on_publish(plan.new_seq_lens)
 
         # Committed rows become drafter context, also when speculation is off,
-        # so the drafter is current whenever speculation resumes.
+        # so the drafter is current whenever speculation resumes; at W = 0 they
+        # are deferred and projected in one pass when the drafter next reads.
         hidden = logits_output.hidden_states.view(bs, num_verify, -1)
-        self._write_context(hidden[plan.keep], positions[plan.keep], cache_loc[plan.keep])
+        self.context.commit(hidden[plan.keep], positions[plan.keep], cache_loc[plan.keep], defer=width == 0)
         logits_output.hidden_states = None
         tokens = torch.full((bs, self.block_size), PAD_TOKEN_ID, dtype=torch.int64, device=self.device)
         tokens[:, :num_verify] = result.tokens
@@ -318,7 +321,7 @@ class DFlashWorker(BaseSpecWorker):
     def _draft_block(self, block, rows, prefix, sampling, uniforms) -> Proposal:
         """One drafter pass over the block, then the v1 argmax or the v2 selector path."""
         slots, valid = context_slots(rows, prefix)
-        ctx_k, ctx_v = self.draft_kv.gather(slots)
+        ctx_k, ctx_v = self.context.gather(slots)
         embeds = self._embed(block.token_ids)
         hidden = self.drafter.forward_block(embeds, block.positions, ctx_k, ctx_v, valid)[:, 1:]
         if self.drafter.cfg.version == 1:
@@ -352,13 +355,10 @@ class DFlashWorker(BaseSpecWorker):
         )
         return logits_output
 
-    def _write_context(self, target_hidden, positions, slots):
-        """Project target features into draft context K/V at the given slots."""
-        if target_hidden.shape[0] == 0:
-            return
+    def _project_context(self, target_hidden, positions):
+        """Target features [N, n*H] at positions [N] -> drafter context K/V."""
         ctx = self.drafter.context_features(target_hidden.to(self.drafter_dtype))
-        k, v = self.drafter.context_kv(ctx, positions.to(torch.int64))
-        self.draft_kv.write(slots.to(torch.int64), k, v)
+        return self.drafter.context_kv(ctx, positions)
 
     @property
     def drafter_dtype(self):
