@@ -433,7 +433,9 @@ class CostModel:
     factor, which dominates that cell's prediction after a few steps
     (n / (n + prior_weight)): the widths actually run are predicted as
     measured, however far off the profile is there; the affine fit is only
-    the extrapolation to widths not run yet.
+    the extrapolation to widths not run yet. A cell's learning rate follows
+    its weight aged by the steps since its last sample, so widths measured
+    only by rare probes track recent measurements.
     Why affine and not a multiplicative correction: a fixed overhead learned as
     a factor on the profile inflates the wide widths' predicted cost by the
     same factor, which turned speculation off where it paid.
@@ -461,7 +463,10 @@ class CostModel:
         self.ema = float(ema)
         self._fits: dict[int, _AffineFit] = {}  # bucket -> fit
         self._params: dict[int, tuple[float, float]] = {}  # bucket -> solved (F, s), cached
-        self._cells: dict[tuple[int, int], list[float]] = {}  # (bucket, W) -> [log residual, n]
+        # (bucket, W) -> [log residual, aged weight, step of the last sample, samples]
+        self._cells: dict[tuple[int, int], list[float]] = {}
+        self.cell_keep = 1.0 - float(ema) / 16.0  # per observed step: time constant 16 / ema steps
+        self._step = 0  # observed steps, the clock that ages cells
 
     @classmethod
     def from_profile(cls, samples: Iterable[Any], **options: Any) -> CostModel:
@@ -559,7 +564,7 @@ class CostModel:
         cell = self._cells.get((bs.bit_length(), width))
         if cell is None:
             return aff
-        lam = cell[1] / (cell[1] + self.prior_weight)
+        lam = cell[3] / (cell[3] + self.prior_weight)  # samples seen, not their aged weight
         own = cell[0] + math.log(self.base(bs, width))
         return math.exp(lam * own + (1.0 - lam) * math.log(aff))
 
@@ -577,9 +582,18 @@ class CostModel:
             raise _fail(f"step_seconds = {seconds!r} must be a finite number > 0")
         bucket = bs.bit_length()
         base = self.base(bs, width)
-        cell = self._cells.setdefault((bucket, width), [0.0, 0.0])
+        self._step += 1
+        cell = self._cells.setdefault((bucket, width), [0.0, 0.0, self._step, 0])
+        # Age the cell's weight by the steps since its last sample (time
+        # constant 16 / ema steps): a width measured every step keeps the ema
+        # window, one measured only by rare probes (every 50-200 steps) gives
+        # each new sample a weight of ~0.2-0.4, so one disturbed stretch
+        # (another process on the host) cannot bias it for thousands of steps.
+        cell[1] *= self.cell_keep ** (self._step - cell[2])
+        cell[2] = self._step
+        cell[3] += 1
         log_ratio = math.log(seconds / base)
-        if cell[1] >= 3:  # around the cell's own estimate
+        if cell[3] > 3:  # around the cell's own estimate
             clip = math.log(self.outlier_ratio)
             center = cell[0]
         else:  # around the model's prediction, with the squared (wider) ratio
@@ -603,7 +617,8 @@ class CostModel:
             buckets[f"bs{1 << (b - 1)}-{(1 << b) - 1}"] = {
                 "overhead_ms": round(f * 1e3, 3), "scale": round(scale, 4),
                 "steps": fit.steps, "mean_bs": round(fit.mean_bs(), 1)}
-        cells = {f"bucket{b}/w{w}": {"measured/profiled": round(math.exp(c[0]), 4), "steps": int(c[1])}
+        cells = {f"bucket{b}/w{w}": {"measured/profiled": round(math.exp(c[0]), 4), "steps": int(c[3]),
+                                     "weight": round(c[1], 2)}
                  for (b, w), c in sorted(self._cells.items())}
         return {"buckets": buckets, "cells": cells}
 

@@ -379,6 +379,31 @@ def test_observed_width_is_learned_from_few_steps():
     assert model.predict(1, 7) == pytest.approx(3.0 * true_cost(1, 7), rel=0.25)
 
 
+def test_rarely_measured_width_follows_a_change():
+    """Seen in the serving grid: a full-width cell measured while another process
+    loaded the host stayed 2x too expensive while the server ran off (the width
+    is then measured only by probes, one step in ~100): at a fixed ema it would
+    take ~40 probes to recover. Aged by the steps since its last sample, a
+    rarely measured cell follows the change within a few probes, while a width
+    measured every step keeps its ema window."""
+    model = CostModel.from_profile(profile())
+    bs, wide = 16, B - 1
+
+    def stretch(wide_cost, probes):
+        for _ in range(probes):
+            for _ in range(99):
+                model.observe(bs, 0, true_cost(bs, 0))
+            model.observe(bs, wide, wide_cost)
+
+    stretch(2.0 * true_cost(bs, wide), 30)  # a disturbed stretch: converged on 2x
+    assert model.predict(bs, wide) == pytest.approx(2.0 * true_cost(bs, wide), rel=0.1)
+    stretch(true_cost(bs, wide), 5)  # the host is quiet again: five probes
+    assert model.predict(bs, wide) == pytest.approx(true_cost(bs, wide), rel=0.25)
+    # An every-step width still averages over ~1/ema steps: one 2x step moves it < 10%.
+    model.observe(bs, 0, 2.0 * true_cost(bs, 0))
+    assert model.predict(bs, 0) == pytest.approx(true_cost(bs, 0), rel=0.1)
+
+
 def test_no_flapping_when_the_profile_is_far_off():
     """Seen in the serving grid: a profile taken while other servers started
     made W = 0 look 3-4x cheaper than it is; the policy flapped between 0 and
