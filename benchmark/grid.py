@@ -76,8 +76,8 @@ PRESETS = {
     "full": dict(configs=[c for c in CONFIGS if c != "plain-sync"], workloads=list(WORKLOADS), concurrency=[1, 4, 8, 16, 32, 64],
                  repeats=3, max_new_tokens=128, min_requests=16, requests_per_slot=2,
                  warmup_requests=8, section="grid"),
-    # Two measured configurations; ngram and upstream-dflash only cost a start-up
-    # attempt where they cannot run (their state is still reported).
+    # Plain, ours always on, and SGLang's n-gram peer; upstream-dflash only costs a
+    # start-up attempt where it cannot run (its state is still reported).
     "quick": dict(configs=["plain", "dflash-on", "ngram", "upstream-dflash"],
                   workloads=list(WORKLOADS), concurrency=[1, 8, 32], repeats=1, max_new_tokens=32,
                   min_requests=2, requests_per_slot=1, warmup_requests=1, section="grid-quick"),

@@ -13,16 +13,21 @@ GROUP_SIZE = 8
 
 
 def verify_attention(q, k_cache, v_cache, token_rows, prefix_lens, width, *, scaling,
-                     sliding_window=None, group_size=GROUP_SIZE):
-    """Causal attention of a `width`-token block on top of each request's prefix.
+                     sliding_window=None, group_size=GROUP_SIZE, tree_mask=None):
+    """Attention of a `width`-token block on top of each request's prefix.
 
-    Query i of request b sits at position prefix_b + i and sees keys 0..prefix_b + i
-    (the block's own K/V are already in the cache). Cost O(bs * width * L), not
+    Chain (tree_mask None, DFLASH): query i of request b sits at position
+    prefix_b + i and sees keys 0..prefix_b + i. Tree (NGRAM): block token j
+    sits in slot column prefix_b + j; query i sees the whole prefix and the
+    block tokens j with tree_mask[b, i, j] (its ancestors) and itself; its
+    position is prefix_b + its depth (a sliding window must be >= width).
+    The block's own K/V are already in the cache. Cost O(bs * width * L), not
     the O(bs * L^2) of treating the block as a full extend.
 
     Args:
         q: [bs * width, heads, d]; k_cache/v_cache: [slots, kv_heads, d];
-        token_rows: [bs, max_context] slot ids; prefix_lens: [bs].
+        token_rows: [bs, max_context] slot ids; prefix_lens: [bs];
+        tree_mask: None or [bs, width, width] bool (j ancestor of i).
     Returns:
         [bs * width, heads, d_v].
     """
@@ -30,7 +35,8 @@ def verify_attention(q, k_cache, v_cache, token_rows, prefix_lens, width, *, sca
     heads = q.shape[1]
     query = q.view(bs, width, heads, -1)
     if bs <= group_size:
-        out = _attend(query, k_cache, v_cache, token_rows, prefix_lens, width, scaling, sliding_window)
+        out = _attend(query, k_cache, v_cache, token_rows, prefix_lens, width, scaling, sliding_window,
+                      tree_mask)
         return out.reshape(bs * width, heads, -1)
     # Host-side grouping: one sync for the lengths (CPU backend: free).
     order = torch.argsort(prefix_lens)
@@ -38,20 +44,29 @@ def verify_attention(q, k_cache, v_cache, token_rows, prefix_lens, width, *, sca
     for start in range(0, bs, group_size):
         idx = order[start:start + group_size]
         out[idx] = _attend(query[idx], k_cache, v_cache, token_rows[idx], prefix_lens[idx], width,
-                           scaling, sliding_window)
+                           scaling, sliding_window, None if tree_mask is None else tree_mask[idx])
     return out.reshape(bs * width, heads, -1)
 
 
-def _attend(query, k_cache, v_cache, token_rows, prefix_lens, width, scaling, sliding_window):
+def _attend(query, k_cache, v_cache, token_rows, prefix_lens, width, scaling, sliding_window, tree_mask):
     """query: [n, width, heads, d] -> [n, width, heads, d_v], padded to this group's longest context."""
     n, _, heads, _ = query.shape
     kv_len = int(prefix_lens.max()) + width
     slots = token_rows[:, :kv_len].long()
     keys = k_cache[slots].transpose(1, 2)  # [n, kv_heads, L, d]
     values = v_cache[slots].transpose(1, 2)
-    qpos = prefix_lens.view(n, 1, 1).long() + torch.arange(width, device=query.device).view(1, width, 1)
+    prefix = prefix_lens.view(n, 1, 1).long()
+    steps = torch.arange(width, device=query.device).view(1, width, 1)
     kpos = torch.arange(kv_len, device=query.device).view(1, 1, kv_len)
-    mask = kpos <= qpos
+    if tree_mask is None:
+        qpos = prefix + steps
+        mask = kpos <= qpos
+    else:
+        tree = tree_mask.bool() | torch.eye(width, dtype=torch.bool, device=query.device)
+        qpos = prefix + (tree.sum(-1, keepdim=True) - 1)  # depth in the tree
+        rel = (kpos - prefix).expand(n, width, kv_len)  # block column of each key
+        in_block = (rel >= 0) & (rel < width)
+        mask = (rel < 0) | (in_block & tree.gather(2, rel.clamp(0, width - 1)))
     if sliding_window is not None:
         mask &= kpos >= qpos - sliding_window
     out = torch.nn.functional.scaled_dot_product_attention(

@@ -7,7 +7,10 @@ width themselves). We install this subclass in place of the original (a
 HookRegistry class REPLACE), so `--attention-backend torch_native` can verify a
 DFLASH block: a verify block is exactly an extend of `draft_token_num` tokens
 on top of the committed prefix, with causal masking (the block is a linear
-chain). EXTEND and DECODE behave exactly as upstream.
+chain). A verify batch with a tree mask (SGLang's NGRAM; on CPU it carries
+the `[bs, n, n]` mask among the block's own tokens only) is attended through
+that mask; any other mask layout is refused rather than ignored. EXTEND and
+DECODE behave exactly as upstream.
 """
 
 from __future__ import annotations
@@ -35,14 +38,30 @@ class VerifyCapableTorchNativeAttnBackend(TorchNativeAttnBackend):
                 layer, KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc), k, v
             )
         window = layer.sliding_window_size
+        width = int(forward_batch.spec_info.draft_token_num)
         out = verify_attention(
             q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
             self.req_to_token_pool.req_to_token[forward_batch.req_pool_indices],
             forward_batch.seq_lens,
-            int(forward_batch.spec_info.draft_token_num),
+            width,
             scaling=layer.scaling,
             sliding_window=window if window is not None and window > -1 else None,
+            tree_mask=_tree_mask(forward_batch, width),
         )
         return out.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
+
+
+def _tree_mask(forward_batch, width):
+    """The verify batch's [bs, n, n] tree mask, or None for a chain block."""
+    mask = getattr(forward_batch.spec_info, "custom_mask", None)
+    if mask is None:
+        return None
+    bs = forward_batch.seq_lens.shape[0]
+    if mask.numel() != bs * width * width:
+        raise NotImplementedError(
+            f"torch_native TARGET_VERIFY: custom mask of {mask.numel()} entries for {bs} requests x "
+            f"{width} tokens; only a [bs, n, n] mask among the block's tokens is supported"
+        )
+    return mask.view(bs, width, width).bool()

@@ -9,6 +9,8 @@ garbage. We register no `torch.ops.sgl_kernel` ops on purpose: SGLang probes
 backend is usable, and it is not.
 """
 
+import importlib
+
 from .ops import *  # noqa: F401,F403
 from .ops import IMPLEMENTED_OPS
 
@@ -38,3 +40,8 @@ def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)
     return MissingOp(name)
+
+
+# A real submodule (SGLang imports `sgl_kernel.speculative`), imported by name:
+# `from . import speculative` would find the MissingOp of `__getattr__` instead.
+speculative = importlib.import_module(__name__ + ".speculative")
