@@ -56,10 +56,9 @@ def _attend(query, k_cache, v_cache, token_rows, prefix_lens, width, scaling, sl
     keys = k_cache[slots].transpose(1, 2)  # [n, kv_heads, L, d]
     values = v_cache[slots].transpose(1, 2)
     prefix = prefix_lens.view(n, 1, 1).long()
-    steps = torch.arange(width, device=query.device).view(1, width, 1)
     kpos = torch.arange(kv_len, device=query.device).view(1, 1, kv_len)
     if tree_mask is None:
-        qpos = prefix + steps
+        qpos = prefix + torch.arange(width, device=query.device).view(1, width, 1)
         mask = kpos <= qpos
     else:
         tree = tree_mask.bool() | torch.eye(width, dtype=torch.bool, device=query.device)

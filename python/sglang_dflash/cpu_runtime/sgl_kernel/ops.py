@@ -50,16 +50,21 @@ def assign_req_to_token_pool_cpu(
 ) -> None:
     """req_to_token[req_pool_indices[i], start[i]:end[i]] = the i-th run of
     out_cache_loc (runs laid out back to back in batch order)."""
-    lens = (end_offset - start_offset).long()
+    rows, cols = _run_cells(req_pool_indices, start_offset, end_offset)
+    if rows.numel():
+        req_to_token[rows, cols] = out_cache_loc[: rows.numel()].to(req_to_token.dtype)
+
+
+def _run_cells(req_pool_indices, start_offset, end_offset):
+    """(rows, cols) [total] of the cells req_to_token[req_pool_indices[i],
+    start[i]:end[i]], runs back to back in batch order. Any integer dtypes."""
+    start = start_offset.long()
+    lens = end_offset.long() - start
     total = int(lens.sum())
-    if total == 0:
-        return
     rows = torch.repeat_interleave(req_pool_indices.long(), lens)
     run_start = torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
-    cols = torch.repeat_interleave(start_offset.long(), lens) + (
-        torch.arange(total, device=lens.device) - run_start
-    )
-    req_to_token[rows, cols] = out_cache_loc[:total].to(req_to_token.dtype)
+    cols = torch.repeat_interleave(start, lens) + (torch.arange(total, device=lens.device) - run_start)
+    return rows, cols
 
 
 
@@ -79,16 +84,9 @@ def assign_extend_cache_locs_cpu(
     out_cache_loc (runs back to back) = req_to_token[req_pool_indices[i],
     start[i]:end[i]]. Any integer dtypes (SGLang passes int32 offsets in one
     call); entries past the runs are left as they are."""
-    lens = (end_offset.long() - start_offset.long())
-    total = int(lens.sum())
-    if total == 0:
-        return
-    rows = torch.repeat_interleave(req_pool_indices.long(), lens)
-    run_start = torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
-    cols = torch.repeat_interleave(start_offset.long(), lens) + (
-        torch.arange(total, device=lens.device) - run_start
-    )
-    out_cache_loc[:total] = req_to_token[rows, cols].to(out_cache_loc.dtype)
+    rows, cols = _run_cells(req_pool_indices, start_offset, end_offset)
+    if rows.numel():
+        out_cache_loc[: rows.numel()] = req_to_token[rows, cols].to(out_cache_loc.dtype)
 
 
 @_op
