@@ -303,7 +303,9 @@ def dflash_counters(srv: Server) -> dict | None:
         return None
     steps = int(block["steps"])
     ratio = block.get("spec_on_ratio") or 0.0
-    return {"steps": steps, "spec_steps": round(ratio * steps), "current_width": block.get("current_width")}
+    return {"steps": steps, "spec_steps": round(ratio * steps), "current_width": block.get("current_width"),
+            "policy": block.get("policy"), "timing": {k: block.get(k) for k in (
+                "timed_step_ms_by_width", "timed_steps_by_width", "prefill_seconds", "prefill_steps")}}
 
 
 def warm_up(srv: Server, prompts_path: str, n: int, max_tokens: int, opts) -> None:
@@ -440,6 +442,10 @@ def run_cell(bench: BenchServing, srv: Server, cfg: str, workload: str, conc: in
         cell["spec_on_ratio"] = (after["spec_steps"] - before["spec_steps"]) / d_steps
         cell["server_steps"] = d_steps
         cell["width_at_end"] = after["current_width"]
+        # The policy's state after the cell (rates, cost cells, predicted tok/s
+        # per width): why adaptive chose what it chose, for the raw JSON only.
+        cell["policy_at_end"] = after.get("policy")
+        cell["timing_before"], cell["timing_after"] = before.get("timing"), after.get("timing")
     cell["peak_rss_mib"] = peak_kib / 1024
     cell["peak_rss_reset"] = hwm_reset  # False: VmHWM is the lifetime peak of the processes
     cell["sampled_max_rss_mib"] = sampler.max_kib / 1024

@@ -545,6 +545,10 @@ class CostModel:
         """(F, s) solved from one observed bucket's own data alone (prior F = 0)."""
         return self._fits[bucket].solve(self.prior_weight, 0.0)
 
+    def observed(self, bs: int, width: int) -> bool:
+        """Whether a step at this width was timed in bs's bucket."""
+        return (bs.bit_length(), width) in self._cells
+
     def correction(self, bs: int, width: int) -> float:
         """Current predicted / profiled seconds at (bs, W)."""
         return self.predict(bs, width) / self.base(bs, width)
@@ -640,6 +644,9 @@ def best_width_bruteforce(rates: Sequence[float], cost_fn: Callable[[int, int], 
     return best
 
 
+_EARLY_OFF_PROBES = 3  # per batch-size bucket; see SpeculationPolicy._maybe_probe
+
+
 class SpeculationPolicy:
     """Chooses the verify width per decode step; see the module docstring.
 
@@ -680,6 +687,7 @@ class SpeculationPolicy:
         self._probe_left = 0  # further steps of the running probe
         self._probe_at = 0  # ... and its width
         self._requests: dict[Hashable, _RequestStats] = {}
+        self._early_off_probes: dict[int, int] = {}  # bucket -> early off probes run
 
     @classmethod
     def from_profile(cls, cfg: PolicyConfig, block_size: int,
@@ -725,7 +733,7 @@ class SpeculationPolicy:
         if self.cfg.mode == "adaptive":
             thr = self.throughputs(batch_size, request_ids)
             self._decide(thr)
-            w = self._maybe_probe()
+            w = self._maybe_probe(batch_size)
         self.steps += 1
         self.spec_steps += w > 0
         self.last_width, self.last_batch_size = w, batch_size
@@ -752,7 +760,7 @@ class SpeculationPolicy:
             self.switches += 1
             self._streak = self._since_probe = 0
 
-    def _maybe_probe(self) -> int:
+    def _maybe_probe(self, batch_size: int) -> int:
         """Once every `probe_interval` steps run one step at another width.
 
         Off (W = 0): alternately at `probe_width` and at the widest
@@ -767,6 +775,15 @@ class SpeculationPolicy:
         narrower (so the cost cell next to the current width is measured, not
         only extrapolated from the profile); at the ends only the inner one.
         A probe lasts `probe_length` steps.
+
+        On in a batch-size bucket whose off cost was never measured, the off
+        probe comes early (after interval / 8 steps) and lasts two steps
+        longer (more samples): until then W = 0 is predicted by the bucket's
+        affine fit, learned from wide steps only, which charges it the wide
+        steps' unexplained time (seen in the serving grid: W = 0 predicted at
+        1.7x its real cost at bs 32, so speculation stayed on where it lost
+        20%). At most `_EARLY_OFF_PROBES` such probes per bucket, so a bucket
+        whose steps never time cleanly (prefill traffic) cannot keep it off.
         """
         if self._probe_left > 0:
             self._probe_left -= 1
@@ -774,9 +791,14 @@ class SpeculationPolicy:
             return self._probe_at
         self._since_probe += 1
         interval = self.cfg.probe_interval
-        if interval == 0 or self._since_probe < interval or len(self.widths) == 1:
+        if interval == 0 or len(self.widths) == 1:
             return self.width
-        self._since_probe = 0
+        if self._off_cost_unmeasured(batch_size) and self._since_probe >= max(1, interval // 8):
+            bucket = batch_size.bit_length()
+            self._early_off_probes[bucket] = self._early_off_probes.get(bucket, 0) + 1
+            return self._start_probe(0, self.cfg.probe_length + 2)
+        if self._since_probe < interval:
+            return self.width
         i = self.widths.index(self.width)
         if self.width == 0:
             self._probe_wide = not self._probe_wide
@@ -789,9 +811,19 @@ class SpeculationPolicy:
             self._probe_down = not self._probe_down
             down = (self._probe_down and i > 0) or i == len(self.widths) - 1
             probe = self.widths[i - 1] if down else self.widths[i + 1]
-        self.probe_steps += probe != self.width
-        self._probe_left, self._probe_at = self.cfg.probe_length - 1, probe
-        return probe
+        return self._start_probe(probe, self.cfg.probe_length)
+
+    def _start_probe(self, width: int, length: int) -> int:
+        self._since_probe = 0
+        self.probe_steps += width != self.width
+        self._probe_left, self._probe_at = length - 1, width
+        return width
+
+    def _off_cost_unmeasured(self, batch_size: int) -> bool:
+        """On, W = 0 a candidate, and no off step timed in this batch-size bucket yet."""
+        return (self.width > 0 and self.widths[0] == 0 and self.cost is not None
+                and not self.cost.observed(batch_size, 0)
+                and self._early_off_probes.get(batch_size.bit_length(), 0) < _EARLY_OFF_PROBES)
 
     # -- feedback ---------------------------------------------------------
 
@@ -867,9 +899,22 @@ class SpeculationPolicy:
             "acceptance_weights": [round(w, 1) for w in self.stats.weight],
             "expected_commit": [round(e, 4) for e in commits],
             "predicted_tokens_per_s": table,
+            "predicted_tokens_per_s_by_bucket": self._bucket_tables(),
             "cost": self.cost.snapshot() if self.cost is not None else None,
             "dragging_requests": self._dragging(),
         }
+
+    def _bucket_tables(self) -> dict | None:
+        """Predicted tokens/s per width at the mean batch size of every observed
+        bucket: what the policy would choose there now (the last batch is often
+        a draining one)."""
+        if self.cost is None:
+            return None
+        out = {}
+        for b in sorted(self.cost._fits):
+            bs = max(1, round(self.cost._fits[b].mean_bs()))
+            out[f"bs{bs}"] = {str(w): round(t, 2) for w, t in zip(self.widths, self.throughputs(bs))}
+        return out
 
     def _dragging(self, limit: int = 4) -> list[dict]:
         """Tracked requests with the lowest expected commit at the top width."""

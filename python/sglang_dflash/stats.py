@@ -22,6 +22,21 @@ class SpecStats:
         self.accepted = [0] * max_width
         self.width_steps = [0] * (max_width + 1)  # decode steps run at each width
         self.width_changes = 0
+        # Wall time, for seeing where a server's time goes: decode step periods
+        # as fed to the policy (start to next start, prefill-free), and prefill
+        # forwards (the target's extend plus the drafter context of the prompt).
+        self.timed_seconds = [0.0] * (max_width + 1)
+        self.timed_steps = [0] * (max_width + 1)
+        self.prefill_seconds = 0.0
+        self.prefill_steps = 0
+
+    def time_step(self, width: int, seconds: float) -> None:
+        self.timed_seconds[width] += seconds
+        self.timed_steps[width] += 1
+
+    def time_prefill(self, seconds: float) -> None:
+        self.prefill_seconds += seconds
+        self.prefill_steps += 1
 
     def observe(self, width: int, accept_lens: list[int]) -> None:
         self.steps += 1
@@ -46,4 +61,9 @@ class SpecStats:
             "acceptance_by_position": rates,
             "steps_by_width": list(self.width_steps),
             "width_changes": self.width_changes,
+            "timed_step_ms_by_width": [round(1e3 * t / n, 3) if n else None
+                                       for t, n in zip(self.timed_seconds, self.timed_steps)],
+            "timed_steps_by_width": list(self.timed_steps),
+            "prefill_seconds": round(self.prefill_seconds, 4),
+            "prefill_steps": self.prefill_steps,
         }

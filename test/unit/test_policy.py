@@ -144,11 +144,47 @@ def test_probes_last_probe_length_steps():
     assert policy.width == B - 1
     runs = [(w, len(list(g))) for w, g in itertools.groupby(executed)][:-1]  # last may be cut
     probe_runs = [(w, n) for w, n in runs if w != B - 1]
+    # The first is the early off probe of a bucket never measured off: 2 steps longer.
+    assert probe_runs[0] == (0, 4)
+    probe_runs = probe_runs[1:]
     assert probe_runs and all(n == 2 for _, n in probe_runs), probe_runs
     assert {w for w, _ in probe_runs} == {0, B - 2}
     assert len(probe_runs) == pytest.approx(800 / 11, rel=0.1)  # 9 decided steps + 2 probe steps
     with pytest.raises(ValueError, match="probe_length"):
         make_policy(probe_length=0)
+
+
+def test_off_cost_is_measured_early_in_a_new_batch_bucket():
+    """Seen in the serving grid (chat, c32): on at bs 32, the off cost of that
+    batch-size bucket was never timed (W = 0 probes come every 4th probe, ~200
+    steps), so W = 0 was predicted by the bucket's affine fit of wide steps,
+    which charges it the wide steps' unexplained time (here: the real server's
+    compute grows 2x faster with tokens than the profile's). Speculation stayed
+    on where it lost ~20%. An early off probe in a new bucket measures it."""
+    policy = make_policy()  # probe_interval 50
+
+    def real(bs, w):
+        return 0.004 + 2.0 * true_cost(bs, w)
+
+    rates = [0.45] * (B - 1)
+    rng = random.Random(5)
+    for bs in (1, 40):
+        for _ in range(60):
+            w = policy.choose_width(bs)
+            lens = [sample_accept(rng, rates, w) for _ in range(bs)] if w else [0] * bs
+            policy.observe_verify(w, lens, real(bs, w), bs)
+        if bs == 1:
+            assert best_width_bruteforce(rates, real, 1, B - 1) > 0 and policy.width > 0
+    assert best_width_bruteforce(rates, real, 40, B - 1) == 0
+    assert policy.width == 0, policy.snapshot()
+    # Bounded: only a few early probes per bucket, then the ordinary interval.
+    on = SpeculationPolicy.from_profile(PolicyConfig(), B, profile())
+    widths = []
+    for _ in range(200):
+        w = on.choose_width(40)
+        widths.append(w)
+        on.observe_verify(w, [w] * 40, None, 40)  # never timed: the cell stays unmeasured
+    assert widths.count(0) == 3 * 3  # three early probes of 3 steps, then none (interval 50)
 
 
 def test_no_flapping_at_threshold_with_noise():

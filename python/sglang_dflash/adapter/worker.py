@@ -159,8 +159,15 @@ class DFlashWorker(BaseSpecWorker):
         return self._decode(batch, on_publish)
 
     def _prefill(self, batch, on_publish, pp_proxy_tensors):
-        self._period_start = None  # a prefill between two decode steps is not their cost
-        self._period_width = self._prior_width = None  # ... nor is processing its result (overlap)
+        # The decode step before this prefill ends here, and its period up to now
+        # is a sample like any other (under prefill traffic half the decode steps
+        # precede a prefill: voiding them starved the rarely run widths of
+        # samples). The prefill is no decode step's cost, nor (overlap) is
+        # processing its result: the next decode step starts untimed.
+        self._time_step(0)
+        self._period_start = None
+        self._period_width = self._prior_width = None
+        start = time.perf_counter()
         out = self.target_worker.forward_batch_generation(
             batch,
             pp_proxy_tensors=pp_proxy_tensors,
@@ -180,6 +187,7 @@ class DFlashWorker(BaseSpecWorker):
         out.next_draft_input = make_draft_input_v2(
             bonus_tokens=out.next_token_ids, new_seq_lens=batch.seq_lens
         )
+        self.stats.time_prefill(time.perf_counter() - start)
         return out
 
     def _decode(self, batch, on_publish):
@@ -254,10 +262,11 @@ class DFlashWorker(BaseSpecWorker):
 
     def _time_step(self, bs):
         """Feed the policy the last decode step's period: from its start to this
-        step's start, so the scheduler's own per-step work (result processing,
-        streaming, batch preparation) counts; that overhead does not grow with W
-        and is what makes wide verifies pay on a CPU server. A prefill in
-        between voids the sample. Under the overlap scheduler a step's period
+        step's start (or to the start of a prefill that follows it), so the
+        scheduler's own per-step work (result processing, streaming, batch
+        preparation) counts; that overhead does not grow with W and is what
+        makes wide verifies pay on a CPU server. The first decode step after a
+        prefill is not timed. Under the overlap scheduler a step's period
         also holds the processing of the step BEFORE it (results are processed
         one step late), so the sample counts only when that step ran the same
         width: otherwise a lone W = 0 step would be charged a wide step's
@@ -270,6 +279,7 @@ class DFlashWorker(BaseSpecWorker):
             return
         if self.overlap_schedule and prior != width:
             return
+        self.stats.time_step(width, now - last[1])
         self.policy.observe_step_time(width, now - last[1], last[0])
 
     def stats_snapshot(self) -> dict:
