@@ -688,6 +688,7 @@ class SpeculationPolicy:
         self._probe_at = 0  # ... and its width
         self._requests: dict[Hashable, _RequestStats] = {}
         self._early_off_probes: dict[int, int] = {}  # bucket -> early off probes run
+        self._bucket, self._bucket_run = 0, 0  # batch-size bucket of the last steps, and for how many
 
     @classmethod
     def from_profile(cls, cfg: PolicyConfig, block_size: int,
@@ -730,6 +731,9 @@ class SpeculationPolicy:
         if not (_is_int(batch_size) and batch_size >= 1):
             raise _fail(f"batch_size = {batch_size!r} must be an int >= 1")
         w = self.width
+        bucket = batch_size.bit_length()
+        self._bucket_run = self._bucket_run + 1 if bucket == self._bucket else 1
+        self._bucket = bucket
         if self.cfg.mode == "adaptive":
             thr = self.throughputs(batch_size, request_ids)
             self._decide(thr)
@@ -777,8 +781,10 @@ class SpeculationPolicy:
         A probe lasts `probe_length` steps.
 
         On in a batch-size bucket whose off cost was never measured, the off
-        probe comes early (after interval / 8 steps) and lasts two steps
-        longer (more samples): until then W = 0 is predicted by the bucket's
+        probe comes early (after interval / 8 steps, all in that bucket: not
+        for the one-step dips of a draining batch, bs 4 -> 3 while a finished
+        request is replaced, which spent 12 of a c4 cell's ~130 steps off in
+        bucket bs 2-3) and lasts two steps longer (more samples): until then W = 0 is predicted by the bucket's
         affine fit, learned from wide steps only, which charges it the wide
         steps' unexplained time (seen in the serving grid: W = 0 predicted at
         1.7x its real cost at bs 32, so speculation stayed on where it lost
@@ -793,7 +799,9 @@ class SpeculationPolicy:
         interval = self.cfg.probe_interval
         if interval == 0 or len(self.widths) == 1:
             return self.width
-        if self._off_cost_unmeasured(batch_size) and self._since_probe >= max(1, interval // 8):
+        early = max(1, interval // 8)
+        if (self._off_cost_unmeasured(batch_size) and self._since_probe >= early
+                and self._bucket_run >= early):
             bucket = batch_size.bit_length()
             self._early_off_probes[bucket] = self._early_off_probes.get(bucket, 0) + 1
             return self._start_probe(0, self.cfg.probe_length + 2)

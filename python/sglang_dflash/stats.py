@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class SpecStats:
     """Steps, how many speculated, committed tokens, and acceptance by draft position.
@@ -67,3 +69,67 @@ class SpecStats:
             "prefill_seconds": round(self.prefill_seconds, 4),
             "prefill_steps": self.prefill_steps,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One timed decode step: its verify width, batch size and period."""
+
+    width: int
+    batch_size: int
+    seconds: float
+
+
+class StepClock:
+    """Periods of decode steps, from a step's start to the next step's start.
+
+    The period, not the forward alone, is what a decode step costs a server:
+    it holds the scheduler's own per-step work (result processing, streaming,
+    preparing the next batch), which does not grow with the verify width and
+    is what makes wide verifies pay on a CPU server. Which periods are samples:
+    * a decode step followed by a decode step: yes;
+    * a decode step followed by a prefill: yes, up to the prefill's start,
+      unless the server idled in between (every request of that step had
+      finished, so the scheduler waited for new requests: the gap is idle time,
+      seconds between benchmark cells, no step cost);
+    * a prefill is no decode step's cost: the next decode step's period starts
+      at that step's own start;
+    * under the overlap scheduler a period also holds the processing of the
+      step BEFORE it (results are processed one step late), so it counts only
+      when that step ran the same width: a lone W = 0 step must not be charged
+      a wide step's commit processing (probes therefore last two steps), and
+      the first decode step after a prefill (it processes the prefill's result)
+      is not a sample.
+
+    Usage: `decode_started(bs, now)` at a decode step's start, then
+    `ran(width)` once its width is chosen; `prefill_started(now, idle)` at a
+    prefill's start. Both `*_started` return the closed period's sample or None.
+    """
+
+    def __init__(self, overlap: bool) -> None:
+        self.overlap = overlap
+        self._start: tuple[int, float] | None = None  # (batch size, start) of the open step
+        self._width: int | None = None  # ... the width it ran
+        self._prior: int | None = None  # width of the decode step before it
+
+    def decode_started(self, batch_size: int, now: float) -> StepSample | None:
+        sample = self._close(now)
+        self._prior, self._width = self._width, None
+        self._start = (batch_size, now)
+        return sample
+
+    def ran(self, width: int) -> None:
+        self._width = width
+
+    def prefill_started(self, now: float, idle_before: bool) -> StepSample | None:
+        sample = None if idle_before else self._close(now)
+        self._start = self._width = self._prior = None
+        return sample
+
+    def _close(self, now: float) -> StepSample | None:
+        if self._start is None or self._width is None:
+            return None
+        if self.overlap and self._prior != self._width:
+            return None
+        bs, start = self._start
+        return StepSample(self._width, bs, now - start)

@@ -187,6 +187,23 @@ def test_off_cost_is_measured_early_in_a_new_batch_bucket():
     assert widths.count(0) == 3 * 3  # three early probes of 3 steps, then none (interval 50)
 
 
+def test_no_early_off_probe_in_one_step_batch_dips():
+    """A closed-loop c4 load runs at bs 4 and dips to bs 3 for one step whenever
+    a request finishes and its replacement is prefilled. Those dips must not
+    count as a new bucket worth an early off probe (seen in a serving trace:
+    three 4-step probes, ~10% of the cell's steps, off in bucket bs 2-3)."""
+    policy = SpeculationPolicy.from_profile(PolicyConfig(probe_length=2), B, profile())
+    dips = []
+    for step in range(160):
+        bs = 3 if step % 16 == 15 else 4
+        w = policy.choose_width(bs)
+        if bs == 3:
+            dips.append(w)
+        policy.observe_verify(w, [min(w, 5)] * bs if w else [0] * bs, 0.02 if w else 0.01, bs)
+    assert policy.cost.observed(4, 0)  # the steady bucket's off cost was measured early
+    assert not policy.cost.observed(3, 0) and 0 not in dips, dips
+
+
 def test_no_flapping_at_threshold_with_noise():
     bs = 32
     a = uniform_rate_at_threshold(bs)

@@ -25,7 +25,9 @@ defined here is delegated to the target worker (`__getattr__`), as upstream does
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import os
 import time
 from collections import deque
 
@@ -46,10 +48,22 @@ from sglang_dflash.adapter.server_args import load_policy_config
 from sglang_dflash.policy import SpeculationPolicy
 from sglang_dflash.propose import Proposal, propose_argmax, propose_selector
 from sglang_dflash.rejection import PAD_TOKEN_ID
-from sglang_dflash.stats import SpecStats
+from sglang_dflash.stats import SpecStats, StepClock
 from sglang_dflash.verify import SamplingRows, VerifyUniforms, verify_block
 
 logger = logging.getLogger(__name__)
+
+TRACE_ENV = "SGLANG_DFLASH_STEP_TRACE"
+
+
+def _open_trace():
+    """A line-buffered JSON-lines file for per-step decisions and timing samples
+    when SGLANG_DFLASH_STEP_TRACE names one (a diagnostic: one line per forward)."""
+    path = os.environ.get(TRACE_ENV, "").strip()
+    if not path:
+        return None
+    logger.info("sglang-dflash: tracing decode steps to %s", path)
+    return open(path, "a", buffering=1)
 
 
 class DFlashWorker(BaseSpecWorker):
@@ -77,10 +91,10 @@ class DFlashWorker(BaseSpecWorker):
         # (width, batch size) of decode steps awaiting their accept counts: with
         # the overlap scheduler, step N's counts arrive after step N+1 launched.
         self._pending_steps: deque[tuple[int, int]] = deque(maxlen=8)
-        self._period_start = None  # (batch size, start) of the last decode step
-        self._period_width = None  # ... and the width it ran
-        self._prior_width = None  # width of the decode step before that one
         self.overlap_schedule = not get_schedule().disable_overlap_schedule
+        self.clock = StepClock(self.overlap_schedule)  # decode step periods for the cost model
+        self._last_decode_reqs = []  # requests of the last decode step (idle detection)
+        self._trace = _open_trace()
         self.policy = self._build_policy()
         self.stats = SpecStats(self.block_size - 1)
         logger.info(
@@ -107,7 +121,7 @@ class DFlashWorker(BaseSpecWorker):
     def _build_policy(self) -> SpeculationPolicy:
         cfg = load_policy_config()
         if self.overlap_schedule and cfg.probe_length < 2:
-            # Under overlap only a probe's second step is timed cleanly (see _time_step).
+            # Under overlap only a probe's second step is timed cleanly (see StepClock).
             cfg = dataclasses.replace(cfg, probe_length=2)
         if cfg.mode != "adaptive":
             return SpeculationPolicy(cfg, self.block_size)
@@ -162,12 +176,14 @@ class DFlashWorker(BaseSpecWorker):
         # The decode step before this prefill ends here, and its period up to now
         # is a sample like any other (under prefill traffic half the decode steps
         # precede a prefill: voiding them starved the rarely run widths of
-        # samples). The prefill is no decode step's cost, nor (overlap) is
-        # processing its result: the next decode step starts untimed.
-        self._time_step(0)
-        self._period_start = None
-        self._period_width = self._prior_width = None
+        # samples), unless the server idled in between: the scheduler only
+        # waits for requests once every running one has finished (StepClock).
         start = time.perf_counter()
+        idle = all(req.finished() for req in self._last_decode_reqs)
+        sample = self.clock.prefill_started(start, idle_before=idle)
+        self._record(sample)
+        if self._trace is not None:
+            self._trace_line(start, "prefill", len(batch.reqs), None, sample, idle=idle)
         out = self.target_worker.forward_batch_generation(
             batch,
             pp_proxy_tensors=pp_proxy_tensors,
@@ -196,8 +212,14 @@ class DFlashWorker(BaseSpecWorker):
             raise RuntimeError("DFLASH decode expects DFlashDraftInputV2 on the batch")
         prefix = batch.seq_lens.to(torch.int64)
         bs = len(prefix)
-        self._time_step(bs)
+        now = time.perf_counter()
+        sample = self.clock.decode_started(bs, now)
+        self._record(sample)
+        self._last_decode_reqs = list(batch.reqs)
         width = self.policy.choose_width(bs)  # verified drafts this step; 0 = plain decode
+        self.clock.ran(width)
+        if self._trace is not None:
+            self._trace_line(now, "decode", bs, width, sample, decided=self.policy.width)
         num_verify = width + 1
         block = make_blocks(draft_input.bonus_tokens, prefix, self.mask_token_id, self.block_size)
         rows = self.req_to_token_pool.req_to_token[batch.req_pool_indices]
@@ -224,7 +246,6 @@ class DFlashWorker(BaseSpecWorker):
         tokens = torch.full((bs, self.block_size), PAD_TOKEN_ID, dtype=torch.int64, device=self.device)
         tokens[:, :num_verify] = result.tokens
         self._pending_steps.append((width, bs))
-        self._period_width = width
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=tokens.reshape(-1),
@@ -260,27 +281,18 @@ class DFlashWorker(BaseSpecWorker):
                 return width, step_bs
         return None
 
-    def _time_step(self, bs):
-        """Feed the policy the last decode step's period: from its start to this
-        step's start (or to the start of a prefill that follows it), so the
-        scheduler's own per-step work (result processing, streaming, batch
-        preparation) counts; that overhead does not grow with W and is what
-        makes wide verifies pay on a CPU server. The first decode step after a
-        prefill is not timed. Under the overlap scheduler a step's period
-        also holds the processing of the step BEFORE it (results are processed
-        one step late), so the sample counts only when that step ran the same
-        width: otherwise a lone W = 0 step would be charged a wide step's
-        commit processing (probes therefore last two steps under overlap)."""
-        now = time.perf_counter()
-        last, width, prior = self._period_start, self._period_width, self._prior_width
-        self._period_start, self._period_width = (bs, now), None
-        self._prior_width = width
-        if last is None or width is None:
+    def _record(self, sample):
+        """Feed a timed decode step period (StepClock) to the policy and the counters."""
+        if sample is None:
             return
-        if self.overlap_schedule and prior != width:
-            return
-        self.stats.time_step(width, now - last[1])
-        self.policy.observe_step_time(width, now - last[1], last[0])
+        self.stats.time_step(sample.width, sample.seconds)
+        self.policy.observe_step_time(sample.width, sample.seconds, sample.batch_size)
+
+    def _trace_line(self, now, kind, bs, width, sample, **extra):
+        row = {"t": round(now, 6), "kind": kind, "bs": bs, "width": width, **extra,
+               "sample": None if sample is None else
+               [sample.width, sample.batch_size, round(sample.seconds * 1e3, 3)]}
+        self._trace.write(json.dumps(row) + "\n")
 
     def stats_snapshot(self) -> dict:
         """Server-level speculation state for /get_server_info (JSON-serializable)."""
