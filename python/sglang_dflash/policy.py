@@ -612,6 +612,10 @@ class CostModel:
         fit.add(base, base * math.exp(log_ratio), bs, self.keep)
         self._params.clear()  # neighbours borrow from this bucket
 
+    def bucket_batch_sizes(self) -> list[int]:
+        """The mean batch size of every observed batch-size bucket, by bucket."""
+        return [max(1, round(self._fits[b].mean_bs())) for b in sorted(self._fits)]
+
     def snapshot(self) -> dict:
         """JSON-serializable state of the online fit, per observed bucket."""
         buckets = {}
@@ -893,9 +897,7 @@ class SpeculationPolicy:
     def snapshot(self) -> dict:
         """JSON-serializable state for metrics and logs."""
         bs = self.last_batch_size
-        table = None
-        if self.cost is not None and bs > 0:
-            table = {str(w): round(t, 2) for w, t in zip(self.widths, self.throughputs(bs))}
+        table = self._table(bs) if self.cost is not None and bs > 0 else None
         commits = expected_commits(self.stats.mean)
         return {
             "mode": self.cfg.mode, "block_size": self.block_size, "widths": list(self.widths),
@@ -918,11 +920,10 @@ class SpeculationPolicy:
         a draining one)."""
         if self.cost is None:
             return None
-        out = {}
-        for b in sorted(self.cost._fits):
-            bs = max(1, round(self.cost._fits[b].mean_bs()))
-            out[f"bs{bs}"] = {str(w): round(t, 2) for w, t in zip(self.widths, self.throughputs(bs))}
-        return out
+        return {f"bs{bs}": self._table(bs) for bs in self.cost.bucket_batch_sizes()}
+
+    def _table(self, bs: int) -> dict:
+        return {str(w): round(t, 2) for w, t in zip(self.widths, self.throughputs(bs))}
 
     def _dragging(self, limit: int = 4) -> list[dict]:
         """Tracked requests with the lowest expected commit at the top width."""

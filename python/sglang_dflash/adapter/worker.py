@@ -289,7 +289,7 @@ class DFlashWorker(BaseSpecWorker):
         self.policy.observe_step_time(sample.width, sample.seconds, sample.batch_size)
 
     def _trace_line(self, now, kind, bs, width, sample, **extra):
-        row = {"t": round(now, 6), "kind": kind, "bs": bs, "width": width, **extra,
+        row = {"pid": os.getpid(), "t": round(now, 6), "kind": kind, "bs": bs, "width": width, **extra,
                "sample": None if sample is None else
                [sample.width, sample.batch_size, round(sample.seconds * 1e3, 3)]}
         self._trace.write(json.dumps(row) + "\n")
