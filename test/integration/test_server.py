@@ -4,6 +4,9 @@ with the trained drafter: native /generate, OpenAI /v1/completions and
 requests, and greedy identity with a plain server."""
 
 import json
+import os
+import tempfile
+import time
 
 import pytest
 import requests
@@ -36,9 +39,16 @@ def plain_outputs(prompts):
         server.stop()
 
 
+TRACE = os.path.join(tempfile.mkdtemp(prefix="dflash-trace-"), "steps.jsonl")
+
+
 @pytest.fixture(scope="module")
 def server():
-    srv = _serve(spec=True)
+    os.environ["SGLANG_DFLASH_STEP_TRACE"] = TRACE  # the server process inherits it
+    try:
+        srv = _serve(spec=True)
+    finally:
+        del os.environ["SGLANG_DFLASH_STEP_TRACE"]
     yield srv
     srv.stop()
 
@@ -135,3 +145,22 @@ def test_invalid_sampling_params_get_4xx_and_server_keeps_serving(server, prompt
                       json={"text": prompts[0], "sampling_params": {"max_new_tokens": 8, **bad}}, timeout=120)
     assert 400 <= r.status_code < 500, (r.status_code, r.text)
     assert _generate(server, prompts[4])["output_ids"] == plain_outputs[4]["output_ids"]
+
+
+def test_idle_time_is_no_decode_step_cost(server, prompts):
+    """A server waiting for requests is not running a decode step: the period of
+    the last step before an idle gap must not reach the cost model (it once
+    charged the seconds between benchmark cells to that step's width)."""
+    gap = 1.5
+    for prompt in prompts[5:7]:
+        _generate(server, prompt)
+        time.sleep(gap)
+    _generate(server, prompts[7])
+    rows = [json.loads(line) for line in open(TRACE)]
+    assert rows and {r["kind"] for r in rows} == {"prefill", "decode"}
+    after_gap = [r for prev, r in zip(rows, rows[1:]) if r["t"] - prev["t"] > gap * 0.9]
+    assert len(after_gap) >= 2, "the sleeps must show in the trace"
+    for r in after_gap:
+        assert r["kind"] == "prefill" and r["idle"] is True and r["sample"] is None, r
+    samples = [r["sample"] for r in rows if r["sample"] is not None]
+    assert samples and max(s[2] for s in samples) < gap * 1e3 * 0.9, max(samples, key=lambda s: s[2])

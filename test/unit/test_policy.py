@@ -204,6 +204,29 @@ def test_no_early_off_probe_in_one_step_batch_dips():
     assert not policy.cost.observed(3, 0) and 0 not in dips, dips
 
 
+def test_cold_start_holds_the_widest_width_until_a_step_is_timed():
+    """The start-up profile times the model's forwards, not the CPU server's
+    per-step scheduler work (~10 ms here): by the profile alone, off beats W = 7
+    5x at prior acceptance, and a server switched off on its second step and
+    stayed off for a probe interval. Held until the first timed step (the
+    overlap scheduler times the third), the measured overhead keeps it on."""
+    samples = [(bs, q, False, 0.0005 * bs * q) for bs in (1, 4) for q in (1, 8)]
+    samples += [(bs, 8, True, 0.008 * bs) for bs in (1, 4)]
+    policy = SpeculationPolicy.from_profile(PolicyConfig(probe_length=2), B, samples)
+
+    def real(w):
+        return 0.010 + (0.008 if w else 0.0005)
+
+    rng = random.Random(9)
+    decided = []
+    for step in range(30):
+        w = policy.choose_width(1)
+        decided.append(policy.width)
+        lens = [sample_accept(rng, [0.9] * (B - 1), w)] if w else [0]
+        policy.observe_verify(w, lens, real(w) if step >= 2 else None, 1)
+    assert 0 not in decided, decided
+
+
 def test_no_flapping_at_threshold_with_noise():
     bs = 32
     a = uniform_rate_at_threshold(bs)
@@ -277,7 +300,8 @@ def test_position_counts_follow_reached_and_accepted_rule():
     stats.observe(3, [0, 1, 3])
     assert stats.weight[:3] == pytest.approx([3, 2, 1])
     assert stats.rates()[:3] == pytest.approx([2 / 3, 1 / 2, 1.0])
-    assert stats.rates()[3] == 0.5  # position 4 not reached
+    assert stats.rates()[3] == pytest.approx(1.0)  # position 4 not reached: its predecessor's rate
+    assert AcceptanceStats(4, prior_rate=0.5).rates() == [0.5] * 4  # nothing reached: prior_rate
     with pytest.raises(ValueError, match=r"accept_lens\[0\]"):
         stats.observe(2, [3])
 
@@ -304,6 +328,22 @@ def test_decayed_rates_track_a_change_and_keep_unreached_positions():
     assert stats.rates()[0] == pytest.approx(0.3, abs=0.08)
     assert stats.rates()[1] == pytest.approx(0.9, abs=0.08)  # unreached: last estimate kept
     assert stats.weight[1] == pytest.approx(4.0)  # ... at the floor weight
+
+
+def test_rarely_reached_last_position_follows_its_predecessor_not_the_prior():
+    """Seen in a serving trace (math, c1): the policy ran W = 6 and reached
+    position 7 only in wider probes (one step per ~100); a fixed 0.7 prior held
+    a_7 of a ~0.9 drafter near 0.8, so W = 7 was predicted 4% worse than W = 6
+    and never chosen. The predecessor's rate is the better prior (conditional
+    rates of a DFlash drafter are nearly flat in the position)."""
+    true = [0.9] * 7
+    rng = random.Random(8)
+    stats = AcceptanceStats(7, half_life=50.0, prior_rate=0.7, min_weight=4.0)
+    for step in range(400):
+        width = 7 if step % 100 == 99 else 6  # bs 1, a wider probe every 100 steps
+        stats.observe(width, [sample_accept(rng, true, width)])
+    assert stats.rates()[6] == pytest.approx(0.9, abs=0.05), stats.rates()
+    assert stats.expected_commit(7) > stats.expected_commit(6) + 0.4
 
 
 # ---------------------------------------------------------------------------
