@@ -25,7 +25,12 @@ accept_len + 1 including the bonus; E(W) is the expected commit_len).
   `probe_interval` steps one step runs at `probe_width`; while on, one step
   runs alternately one candidate wider (the rate of the first unverified
   position stays fresh) and one narrower (the neighbouring cost cell is
-  measured, not only extrapolated). Why hysteresis: a hard threshold without it
+  measured, not only extrapolated). Probes are exploration, and they cost
+  throughput (a W = 0 probe at concurrency 1 commits one token where the
+  decided width commits ~6): while nothing changes, the interval doubles after
+  each probe up to `probe_backoff` x `probe_interval`, and drops back to
+  `probe_interval` when the width switches or the batch settles in another
+  batch-size bucket. Why hysteresis: a hard threshold without it
   collapsed a public implementation at its switch point (vLLM #49548,
   dflash.md section 9.2).
 
@@ -110,6 +115,7 @@ class PolicyConfig:
     probe_interval: int = 50  # steps between probes; 0 disables probing
     probe_width: int = 2  # W of an off-state probe (largest candidate <= this)
     probe_length: int = 1  # consecutive steps a probe runs (the worker uses >= 2 under overlap)
+    probe_backoff: int = 4  # the interval doubles after each probe, up to this factor (1 = fixed)
     acceptance_half_life: float = 50.0  # steps; math.inf = no decay
     min_weight: float = 4.0  # floor of a position's decayed weight; also the prior's weight
     prior_rate: float = 0.7  # a_j before any observation
@@ -167,6 +173,8 @@ def _check_hysteresis(c: PolicyConfig) -> None:
              "must be an int >= 1")
     _require(_is_int(c.probe_width) and c.probe_width >= 1, "probe_width", c.probe_width,
              "must be an int >= 1")
+    _require(_is_int(c.probe_backoff) and c.probe_backoff >= 1, "probe_backoff", c.probe_backoff,
+             "must be an int >= 1 (1 = a fixed probe interval)")
 
 
 def _check_estimators(c: PolicyConfig) -> None:
@@ -649,6 +657,10 @@ class CostModel:
         fit.add(base, base * math.exp(log_ratio), bs, self.keep)
         self._params.clear()  # neighbours borrow from this bucket
 
+    def has_observations(self) -> bool:
+        """Whether any step time has been observed (in any bucket)."""
+        return bool(self._fits)
+
     def bucket_batch_sizes(self) -> list[int]:
         """The mean batch size of every observed batch-size bucket, by bucket."""
         return [max(1, round(self._fits[b].mean_bs())) for b in sorted(self._fits)]
@@ -732,6 +744,8 @@ class SpeculationPolicy:
         self._early_off_probes: dict[int, int] = {}  # bucket -> early off probes run
         self._bucket, self._bucket_run = 0, 0  # batch-size bucket of the last steps, and for how many
         self._cold_steps = 0  # steps held at the cold-start width before any step was timed
+        self._backoff = 1  # probe interval multiplier: 1, 2, 4, ... up to cfg.probe_backoff
+        self._settled = 0  # the bucket the batch last stayed in for interval / 8 steps
 
     @classmethod
     def from_profile(cls, cfg: PolicyConfig, block_size: int,
@@ -777,6 +791,8 @@ class SpeculationPolicy:
         bucket = batch_size.bit_length()
         self._bucket_run = self._bucket_run + 1 if bucket == self._bucket else 1
         self._bucket = bucket
+        if bucket != self._settled and self._bucket_run >= self._settle_steps():
+            self._settled, self._backoff = bucket, 1  # a new load: probe at the base rate
         if self.cfg.mode == "adaptive":
             thr = self.throughputs(batch_size, request_ids)
             self._decide(thr)
@@ -796,7 +812,7 @@ class SpeculationPolicy:
             # end. The data turn it down or off within a few steps if not.
             self.width = self.widths[-1]
             return
-        if self._cold_steps < _COLD_HOLD and not self.cost.bucket_batch_sizes():
+        if self._cold_steps < _COLD_HOLD and not self.cost.has_observations():
             # ... and it holds that width until a step has been timed: the
             # profile alone misses the per-step overhead of a CPU server (its
             # scheduler), which made off look ~5x better on the second step and
@@ -814,9 +830,12 @@ class SpeculationPolicy:
             self.width = self.widths[best]
             self.switches += 1
             self._streak = self._since_probe = 0
+            self._backoff = 1
 
     def _maybe_probe(self, batch_size: int) -> int:
-        """Once every `probe_interval` steps run one step at another width.
+        """Once every `self.probe_interval` steps run one step at another width
+        (the configured interval, doubled after each probe up to `probe_backoff`
+        times while the width and the batch-size bucket stay the same).
 
         Off (W = 0): alternately at `probe_width` and at the widest
         candidate, so the policy notices when speculation pays again and the
@@ -835,8 +854,8 @@ class SpeculationPolicy:
         probe comes early (after interval / 8 steps, all in that bucket: not
         for the one-step dips of a draining batch, bs 4 -> 3 while a finished
         request is replaced, which spent 12 of a c4 cell's ~130 steps off in
-        bucket bs 2-3) and lasts two steps longer (more samples): until then W = 0 is predicted by the bucket's
-        affine fit, learned from wide steps only, which charges it the wide
+        bucket bs 2-3) and lasts two steps longer (more samples): until then
+        W = 0 is predicted by the bucket's affine fit, learned from wide steps only, which charges it the wide
         steps' unexplained time (seen in the serving grid: W = 0 predicted at
         1.7x its real cost at bs 32, so speculation stayed on where it lost
         20%). At most `_EARLY_OFF_PROBES` such probes per bucket, so a bucket
@@ -847,17 +866,17 @@ class SpeculationPolicy:
             self.probe_steps += self._probe_at != self.width
             return self._probe_at
         self._since_probe += 1
-        interval = self.cfg.probe_interval
-        if interval == 0 or len(self.widths) == 1:
+        if self.cfg.probe_interval == 0 or len(self.widths) == 1:
             return self.width
-        early = max(1, interval // 8)
+        early = self._settle_steps()
         if (self._off_cost_unmeasured(batch_size) and self._since_probe >= early
                 and self._bucket_run >= early):
             bucket = batch_size.bit_length()
             self._early_off_probes[bucket] = self._early_off_probes.get(bucket, 0) + 1
             return self._start_probe(0, self.cfg.probe_length + 2)
-        if self._since_probe < interval:
+        if self._since_probe < self.probe_interval:
             return self.width
+        self._backoff = min(2 * self._backoff, self.cfg.probe_backoff)
         i = self.widths.index(self.width)
         if self.width == 0:
             self._probe_wide = not self._probe_wide
@@ -871,6 +890,15 @@ class SpeculationPolicy:
             down = (self._probe_down and i > 0) or i == len(self.widths) - 1
             probe = self.widths[i - 1] if down else self.widths[i + 1]
         return self._start_probe(probe, self.cfg.probe_length)
+
+    @property
+    def probe_interval(self) -> int:
+        """Steps between the current probes (the base interval times the backoff)."""
+        return self.cfg.probe_interval * self._backoff
+
+    def _settle_steps(self) -> int:
+        """Consecutive steps in a batch-size bucket before the batch counts as in it."""
+        return max(1, self.cfg.probe_interval // 8)
 
     def _start_probe(self, width: int, length: int) -> int:
         self._since_probe = 0
@@ -951,7 +979,8 @@ class SpeculationPolicy:
             "width": self.width, "last_width": self.last_width, "batch_size": bs,
             "steps": self.steps, "spec_steps": self.spec_steps,
             "spec_fraction": self.spec_steps / self.steps if self.steps else 0.0,
-            "probe_steps": self.probe_steps, "switches": self.switches,
+            "probe_steps": self.probe_steps, "probe_interval": self.probe_interval,
+            "switches": self.switches,
             "acceptance_rates": [round(a, 4) for a in self.stats.mean],
             "acceptance_weights": [round(w, 1) for w in self.stats.weight],
             "expected_commit": [round(e, 4) for e in commits],

@@ -108,7 +108,7 @@ def test_turns_off_under_load_and_back_on_when_load_drops():
 def test_probes_while_off_and_turns_back_on_when_acceptance_improves():
     rng = random.Random(1)
     bs, interval = 16, 25
-    policy = make_policy(probe_interval=interval, probe_width=2)
+    policy = make_policy(probe_interval=interval, probe_width=2, probe_backoff=1)
     executed = run(policy, [0.1] * 7, bs, 400, rng)
     assert policy.width == 0
     probes = [i for i, w in enumerate(executed[100:]) if w > 0]
@@ -139,7 +139,7 @@ def test_probes_last_probe_length_steps():
     where only a probe's second step is timed cleanly): every probe is a run of
     exactly two steps at the probe width, still one probe per interval."""
     rng = random.Random(13)
-    policy = make_policy(probe_interval=10, probe_length=2)
+    policy = make_policy(probe_interval=10, probe_length=2, probe_backoff=1)
     executed = run(policy, [0.9] * 7, 1, 800, rng)
     assert policy.width == B - 1
     runs = [(w, len(list(g))) for w, g in itertools.groupby(executed)][:-1]  # last may be cut
@@ -152,6 +152,57 @@ def test_probes_last_probe_length_steps():
     assert len(probe_runs) == pytest.approx(800 / 11, rel=0.1)  # 9 decided steps + 2 probe steps
     with pytest.raises(ValueError, match="probe_length"):
         make_policy(probe_length=0)
+
+
+def probe_starts(executed, decided):
+    """Indices where a run of steps at a width other than `decided` begins."""
+    return [i for i, w in enumerate(executed) if w != decided and (i == 0 or executed[i - 1] == decided)]
+
+
+def test_probe_interval_backs_off_while_nothing_changes_and_resets_on_a_new_load():
+    """Probes cost throughput (at c1 a W = 0 probe commits 1 token where W = 7
+    commits ~6), so while the decision holds the interval doubles after each
+    probe up to probe_backoff x probe_interval; a switch, or the batch settling
+    in another batch-size bucket, brings the base interval back. One-step dips
+    of the batch size (a finished request being replaced) do not."""
+    rng = random.Random(5)
+    policy = make_policy(probe_interval=10, probe_backoff=4)
+    executed = run(policy, [0.9] * 7, 1, 400, rng)
+    assert policy.width == B - 1
+    gaps = [b - a for a, b in itertools.pairwise(probe_starts(executed, B - 1))]
+    assert gaps[-3:] == [40, 40, 40], gaps  # capped at 4 x 10 (1 step of each probe counted)
+    assert gaps.index(40) <= 4 and min(gaps[1:]) < 40, gaps  # grew from the base interval
+    assert policy.snapshot()["probe_interval"] == 40
+
+    # One-step dips to bs 2 (bucket 2) keep the backed-off interval.
+    for _ in range(5):
+        run(policy, [0.9] * 7, 2, 1, rng)
+        run(policy, [0.9] * 7, 1, 30, rng)
+    assert policy.probe_interval == 40
+
+    # A new load settles in another bucket: back to the base interval at once...
+    run(policy, [0.9] * 7, 8, 5, rng)
+    assert policy.probe_interval in (10, 20)
+    # ... and so does a switch: speculation off when acceptance collapses.
+    run(policy, [0.9] * 7, 8, 100, rng)
+    assert policy.width == B - 1 and policy.probe_interval == 40
+    for _ in range(300):
+        run(policy, [0.1] * 7, 8, 1, rng)
+        if policy.width == 0:
+            break
+    assert policy.width == 0 and policy.probe_interval == 10
+    # Off and backed off to 40 steps: when acceptance recovers, the probes
+    # still turn it back on within a few backed-off intervals.
+    run(policy, [0.1] * 7, 8, 300, rng)
+    assert policy.width == 0 and policy.probe_interval == 40
+    assert best_width_bruteforce([0.9] * 7, true_cost, 8, B - 1) > 0
+    executed = run(policy, [0.9] * 7, 8, 3 * 40 + 10, rng)
+    assert policy.width > 0 and executed[-1] > 0
+
+
+def test_probe_backoff_is_validated():
+    with pytest.raises(ValueError, match="probe_backoff"):
+        make_policy(probe_backoff=0)
 
 
 def test_off_cost_is_measured_early_in_a_new_batch_bucket():

@@ -39,11 +39,14 @@ class VerifyCapableTorchNativeAttnBackend(TorchNativeAttnBackend):
             )
         window = layer.sliding_window_size
         width = int(forward_batch.spec_info.draft_token_num)
+        # Only the columns the block can see: the table is as wide as the model's
+        # context, and a full row per request per layer is a large copy.
+        span = int(forward_batch.seq_lens.max()) + width
         out = verify_attention(
             q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
-            self.req_to_token_pool.req_to_token[forward_batch.req_pool_indices],
+            self.req_to_token_pool.req_to_token[forward_batch.req_pool_indices, :span],
             forward_batch.seq_lens,
             width,
             scaling=layer.scaling,

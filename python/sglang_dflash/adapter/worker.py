@@ -91,6 +91,7 @@ class DFlashWorker(BaseSpecWorker):
         # (width, batch size) of decode steps awaiting their accept counts: with
         # the overlap scheduler, step N's counts arrive after step N+1 launched.
         self._pending_steps: deque[tuple[int, int]] = deque(maxlen=8)
+        self._offsets = torch.arange(self.block_size, dtype=torch.int64, device=self.device)
         self.overlap_schedule = not get_schedule().disable_overlap_schedule
         self.clock = StepClock(self.overlap_schedule)  # decode step periods for the cost model
         self._last_decode_reqs = []  # requests of the last decode step (idle detection)
@@ -221,15 +222,22 @@ class DFlashWorker(BaseSpecWorker):
         if self._trace is not None:
             self._trace_line(now, "decode", bs, width, sample, decided=self.policy.width)
         num_verify = width + 1
-        block = make_blocks(draft_input.bonus_tokens, prefix, self.mask_token_id, self.block_size)
-        rows = self.req_to_token_pool.req_to_token[batch.req_pool_indices]
-        positions = block.positions[:, :num_verify]
-        cache_loc = rows.gather(1, positions).to(torch.int64)
-
+        anchor = draft_input.bonus_tokens.to(torch.int64)
+        positions = prefix.unsqueeze(1) + self._offsets[:num_verify]  # [bs, W+1] the verify rows
         sampling = _sampling_rows(batch.sampling_info, bs)
-        walk_u, verify_u = self._draw_uniforms(batch.reqs, prefix, width)
-        proposal = self._draft(block, rows, prefix, sampling, width, walk_u)
-        verify_ids = torch.cat([block.token_ids[:, :1], proposal.drafts], dim=1)
+        if width == 0:
+            # Speculation off: a plain decode step through the verify path, without
+            # the block, the drafter, the walk's draws or the context rows.
+            cache_loc = self._token_slots(batch.req_pool_indices, positions)
+            proposal = Proposal(drafts=anchor.new_empty((bs, 0)), q=None)
+            verify_u = None if sampling is None else self._draw_uniforms(batch.reqs, prefix, 0)[1]
+        else:
+            rows = self._context_rows(batch.req_pool_indices, prefix)
+            cache_loc = rows.gather(1, positions).to(torch.int64)
+            walk_u, verify_u = self._draw_uniforms(batch.reqs, prefix, width)
+            block = make_blocks(anchor, prefix, self.mask_token_id, self.block_size)
+            proposal = self._draft(block, rows, prefix, sampling, width, walk_u)
+        verify_ids = torch.cat([anchor.unsqueeze(1), proposal.drafts], dim=1)
         logits_output = self._verify(batch, verify_ids, positions, cache_loc, num_verify)
         logits = logits_output.next_token_logits.view(bs, num_verify, -1)
         result = verify_block(proposal.drafts, logits, sampling, proposal.q, verify_u)
@@ -239,9 +247,14 @@ class DFlashWorker(BaseSpecWorker):
 
         # Committed rows become drafter context, also when speculation is off,
         # so the drafter is current whenever speculation resumes; at W = 0 they
-        # are deferred and projected in one pass when the drafter next reads.
+        # are deferred and projected in one pass when the drafter next reads
+        # (and every row is committed: no mask to apply).
         hidden = logits_output.hidden_states.view(bs, num_verify, -1)
-        self.context.commit(hidden[plan.keep], positions[plan.keep], cache_loc[plan.keep], defer=width == 0)
+        if width == 0:
+            # A copy: a deferred row must not alias the forward's output buffer.
+            self.context.commit(hidden[:, 0].clone(), positions[:, 0], cache_loc[:, 0], defer=True)
+        else:
+            self.context.commit(hidden[plan.keep], positions[plan.keep], cache_loc[plan.keep])
         logits_output.hidden_states = None
         tokens = torch.full((bs, self.block_size), PAD_TOKEN_ID, dtype=torch.int64, device=self.device)
         tokens[:, :num_verify] = result.tokens
@@ -257,6 +270,19 @@ class DFlashWorker(BaseSpecWorker):
             speculative_num_draft_tokens=self.block_size,
             new_seq_lens=plan.new_seq_lens,
         )
+
+    def _token_slots(self, req_pool_indices, positions):
+        """KV slots [bs, n] int64 of each request's token positions [bs, n]."""
+        table = self.req_to_token_pool.req_to_token
+        return table[req_pool_indices.unsqueeze(1), positions].to(torch.int64)
+
+    def _context_rows(self, req_pool_indices, prefix):
+        """Slot-table rows [bs, L] covering every request's context and its block
+        (L = longest prefix + B): not the table's full width, which is the
+        model's context length (a full-row copy per request per step)."""
+        span = int(prefix.max()) + self.block_size
+        table = self.req_to_token_pool.req_to_token
+        return table[req_pool_indices, : min(span, table.shape[1])]
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size=0):
         """Host-side feedback after the scheduler copied the accept counts (no sync here)."""
@@ -313,11 +339,12 @@ class DFlashWorker(BaseSpecWorker):
         return self.model_runner.model.lm_head.weight
 
     def _draw_uniforms(self, reqs, prefix, width):
-        """All uniforms of a step: the selector walk's [bs, B-1], the accept tests'
-        [bs, W] and the emitted tokens' [bs, W+1]. A request with a
+        """All uniforms of a step: the selector walk's [bs, B-1] (none at W = 0),
+        the accept tests' [bs, W] and the emitted tokens' [bs, W+1]. A request with a
         `sampling_seed` draws from its own stream keyed by (seed, anchor
         position), so its output does not depend on the rest of the batch."""
-        bs, num_drafts = len(prefix), self.block_size - 1
+        bs = len(prefix)
+        num_drafts = self.block_size - 1 if width > 0 else 0  # the drafter does not run at W = 0
         total = num_drafts + 2 * width + 1
         u = torch.rand((bs, total), generator=self.generator, device=self.device)
         for i, req in enumerate(reqs):
@@ -331,11 +358,8 @@ class DFlashWorker(BaseSpecWorker):
         return walk, VerifyUniforms(accept=accept, sample=u[:, num_drafts + width :])
 
     def _draft(self, block, rows, prefix, sampling, width, walk_uniforms) -> Proposal:
-        """Drafts for the first `width` positions after the anchor (none when 0:
-        the drafter does not run). The drafter always drafts its whole block."""
-        if width == 0:
-            empty = torch.empty((len(prefix), 0), dtype=torch.int64, device=self.device)
-            return Proposal(drafts=empty, q=None)
+        """Drafts for the first `width` >= 1 positions after the anchor. The
+        drafter always drafts its whole block (its cost barely depends on W)."""
         proposal = self._draft_block(block, rows, prefix, sampling, walk_uniforms)
         q = None if proposal.q is None else proposal.q[:, :width]
         return Proposal(drafts=proposal.drafts[:, :width], q=q)
