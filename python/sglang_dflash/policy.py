@@ -855,10 +855,10 @@ class SpeculationPolicy:
         for the one-step dips of a draining batch, bs 4 -> 3 while a finished
         request is replaced, which spent 12 of a c4 cell's ~130 steps off in
         bucket bs 2-3) and lasts two steps longer (more samples): until then
-        W = 0 is predicted by the bucket's affine fit, learned from wide steps only, which charges it the wide
-        steps' unexplained time (seen in the serving grid: W = 0 predicted at
-        1.7x its real cost at bs 32, so speculation stayed on where it lost
-        20%). At most `_EARLY_OFF_PROBES` such probes per bucket, so a bucket
+        W = 0 is predicted by the bucket's affine fit, learned from wide steps
+        only, which charges it the wide steps' unexplained time (seen in the
+        serving grid: W = 0 predicted at 1.7x its real cost at bs 32, so
+        speculation stayed on where it lost 20%). At most `_EARLY_OFF_PROBES` such probes per bucket, so a bucket
         whose steps never time cleanly (prefill traffic) cannot keep it off.
         """
         if self._probe_left > 0:

@@ -280,9 +280,8 @@ class DFlashWorker(BaseSpecWorker):
         """Slot-table rows [bs, L] covering every request's context and its block
         (L = longest prefix + B): not the table's full width, which is the
         model's context length (a full-row copy per request per step)."""
-        span = int(prefix.max()) + self.block_size
-        table = self.req_to_token_pool.req_to_token
-        return table[req_pool_indices, : min(span, table.shape[1])]
+        span = int(prefix.max()) + self.block_size  # a slice clamps at the table's width
+        return self.req_to_token_pool.req_to_token[req_pool_indices, :span]
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size=0):
         """Host-side feedback after the scheduler copied the accept counts (no sync here)."""
