@@ -45,17 +45,21 @@ def make_blocks(
 
 
 def context_slots(
-    req_to_token_rows: torch.Tensor, prefix_lens: torch.Tensor
+    req_to_token_rows: torch.Tensor, prefix_lens: torch.Tensor, max_prefix: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """KV slots of each request's committed context, padded to the longest.
 
     Args:
         req_to_token_rows: [bs, max_context] slot ids per position.
         prefix_lens: [bs] committed lengths.
+        max_prefix: max(prefix_lens) if the caller already read it to the host
+            (on GPU each read is a device sync); computed here otherwise.
     Returns:
         slots [bs, L] int64 (0 where invalid) and valid [bs, L] bool, L = max(prefix_lens).
     """
-    width = int(prefix_lens.max()) if prefix_lens.numel() else 0
+    if max_prefix is None:
+        max_prefix = int(prefix_lens.max()) if prefix_lens.numel() else 0
+    width = max_prefix
     cols = torch.arange(width, device=prefix_lens.device)
     valid = cols.unsqueeze(0) < prefix_lens.unsqueeze(1)
     slots = req_to_token_rows[:, :width].to(torch.int64)

@@ -28,6 +28,14 @@ def test_context_slots_pads_and_masks():
     assert valid.tolist() == [[True, True, True], [True, False, False]]
 
 
+def test_context_slots_takes_the_callers_max_prefix():
+    rows = torch.tensor([[10, 11, 12, 13], [20, 21, 22, 23]])
+    prefix = torch.tensor([3, 1])
+    given = context_slots(rows, prefix, max_prefix=3)
+    computed = context_slots(rows, prefix)
+    assert all(torch.equal(a, b) for a, b in zip(given, computed))
+
+
 def test_plan_commit_keeps_anchor_and_accepted_rows():
     plan = plan_commit(torch.tensor([0, 2, 3]), torch.tensor([10, 20, 30]), 4)
     assert plan.commit_lens.tolist() == [1, 3, 4]

@@ -232,11 +232,12 @@ class DFlashWorker(BaseSpecWorker):
             proposal = Proposal(drafts=anchor.new_empty((bs, 0)), q=None)
             verify_u = None if sampling is None else self._draw_uniforms(batch.reqs, prefix, 0)[1]
         else:
-            rows = self._context_rows(batch.req_pool_indices, prefix)
+            max_prefix = int(prefix.max())  # the step's one host read of the lengths
+            rows = self._context_rows(batch.req_pool_indices, max_prefix)
             cache_loc = rows.gather(1, positions).to(torch.int64)
             walk_u, verify_u = self._draw_uniforms(batch.reqs, prefix, width)
             block = make_blocks(anchor, prefix, self.mask_token_id, self.block_size)
-            proposal = self._draft(block, rows, prefix, sampling, width, walk_u)
+            proposal = self._draft(block, rows, prefix, max_prefix, sampling, width, walk_u)
         verify_ids = torch.cat([anchor.unsqueeze(1), proposal.drafts], dim=1)
         logits_output = self._verify(batch, verify_ids, positions, cache_loc, num_verify)
         logits = logits_output.next_token_logits.view(bs, num_verify, -1)
@@ -276,11 +277,11 @@ class DFlashWorker(BaseSpecWorker):
         table = self.req_to_token_pool.req_to_token
         return table[req_pool_indices.unsqueeze(1), positions].to(torch.int64)
 
-    def _context_rows(self, req_pool_indices, prefix):
+    def _context_rows(self, req_pool_indices, max_prefix: int):
         """Slot-table rows [bs, L] covering every request's context and its block
         (L = longest prefix + B): not the table's full width, which is the
         model's context length (a full-row copy per request per step)."""
-        span = int(prefix.max()) + self.block_size  # a slice clamps at the table's width
+        span = max_prefix + self.block_size  # a slice clamps at the table's width
         return self.req_to_token_pool.req_to_token[req_pool_indices, :span]
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size=0):
@@ -356,16 +357,16 @@ class DFlashWorker(BaseSpecWorker):
         accept = u[:, num_drafts : num_drafts + width]
         return walk, VerifyUniforms(accept=accept, sample=u[:, num_drafts + width :])
 
-    def _draft(self, block, rows, prefix, sampling, width, walk_uniforms) -> Proposal:
+    def _draft(self, block, rows, prefix, max_prefix, sampling, width, walk_uniforms) -> Proposal:
         """Drafts for the first `width` >= 1 positions after the anchor. The
         drafter always drafts its whole block (its cost barely depends on W)."""
-        proposal = self._draft_block(block, rows, prefix, sampling, walk_uniforms)
+        proposal = self._draft_block(block, rows, prefix, max_prefix, sampling, walk_uniforms)
         q = None if proposal.q is None else proposal.q[:, :width]
         return Proposal(drafts=proposal.drafts[:, :width], q=q)
 
-    def _draft_block(self, block, rows, prefix, sampling, uniforms) -> Proposal:
+    def _draft_block(self, block, rows, prefix, max_prefix, sampling, uniforms) -> Proposal:
         """One drafter pass over the block, then the v1 argmax or the v2 selector path."""
-        slots, valid = context_slots(rows, prefix)
+        slots, valid = context_slots(rows, prefix, max_prefix)
         ctx_k, ctx_v = self.context.gather(slots)
         embeds = self._embed(block.token_ids)
         hidden = self.drafter.forward_block(embeds, block.positions, ctx_k, ctx_v, valid)[:, 1:]
