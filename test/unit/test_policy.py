@@ -74,14 +74,15 @@ def run(policy, rates, bs, steps, rng, noise=0.0):
     return executed
 
 
-def uniform_rate_at_threshold(bs):
-    """Uniform a_j such that the best W > 0 ties with plain decode at this bs."""
+def uniform_rate_at_threshold(bs, spec_margin=0.0):
+    """Uniform a_j such that the best W > 0 ties with plain decode at this bs
+    (with `spec_margin`: beats it by exactly that fraction)."""
     lo, hi = 0.0, 1.0
     for _ in range(60):
         a = (lo + hi) / 2
         rates = [a] * (B - 1)
         best_on = max(true_thr(rates, bs, w) for w in range(1, B))
-        lo, hi = (a, hi) if best_on < true_thr(rates, bs, 0) else (lo, a)
+        lo, hi = (a, hi) if best_on < (1 + spec_margin) * true_thr(rates, bs, 0) else (lo, a)
     return (lo + hi) / 2
 
 
@@ -278,19 +279,35 @@ def test_cold_start_holds_the_widest_width_until_a_step_is_timed():
     assert 0 not in decided, decided
 
 
-def test_no_flapping_at_threshold_with_noise():
+@pytest.mark.parametrize("spec_margin", [0.0, 0.1])
+def test_no_flapping_at_threshold_with_noise(spec_margin):
+    # The decision threshold: where the best W > 0 beats off by exactly spec_margin.
     bs = 32
-    a = uniform_rate_at_threshold(bs)
+    a = uniform_rate_at_threshold(bs, spec_margin)
     rates = [a] * (B - 1)
     best_on = max(true_thr(rates, bs, w) for w in range(1, B))
-    assert best_on == pytest.approx(true_thr(rates, bs, 0), rel=1e-6)
+    assert best_on == pytest.approx((1 + spec_margin) * true_thr(rates, bs, 0), rel=1e-6)
     rng = random.Random(2)
-    policy = make_policy()
+    policy = make_policy(spec_margin=spec_margin)
     run(policy, rates, bs, 2000, rng, noise=0.05)
-    naive = make_policy(switch_margin=0.0, urgent_margin=0.0, switch_patience=1)
+    naive = make_policy(spec_margin=spec_margin, switch_margin=0.0, urgent_margin=0.0,
+                        switch_patience=1)
     run(naive, rates, bs, 2000, random.Random(2), noise=0.05)
     assert policy.switches <= 6, policy.snapshot()
     assert naive.switches > 3 * max(policy.switches, 1)  # the test would catch flapping
+
+
+@pytest.mark.parametrize("gain,expect_on", [(0.05, False), (0.20, True)])
+def test_spec_margin_keeps_off_unless_speculation_gains_more(gain, expect_on):
+    # Rates at which the best W > 0 beats plain decoding by `gain` (true costs):
+    # with the 10% default margin a 5% gain stays off, a 20% gain turns on;
+    # with no margin both turn on.
+    bs = 32
+    rates = [uniform_rate_at_threshold(bs, gain)] * (B - 1)
+    for margin, on in ((0.1, expect_on), (0.0, True)):
+        policy = make_policy(spec_margin=margin, probe_interval=10, acceptance_half_life=400.0)
+        run(policy, rates, bs, 800, random.Random(6))
+        assert (policy.width > 0) == on, (margin, gain, policy.snapshot())
 
 
 def test_no_flapping_when_batch_size_straddles_threshold():
@@ -319,14 +336,15 @@ def decaying(a):
 ])
 def test_converges_to_bruteforce_optimum(bs, rates):
     best = best_width_bruteforce(rates, true_cost, bs, B - 1)
-    exact = make_policy(switch_margin=0.0, urgent_margin=0.0, switch_patience=1,
+    exact = make_policy(spec_margin=0.0, switch_margin=0.0, urgent_margin=0.0, switch_patience=1,
                         probe_interval=10, acceptance_half_life=400.0)
     run(exact, rates, bs, 600, random.Random(4))
     assert exact.width == best
-    # Default hysteresis: may rest on a width within the 5% switch margin.
+    # Default hysteresis: may rest on a width within the 5% switch margin, or
+    # off where speculating gains less than the 10% spec margin on top of it.
     default = make_policy(probe_interval=10)
     run(default, rates, bs, 800, random.Random(5))
-    assert true_thr(rates, bs, default.width) >= true_thr(rates, bs, best) / 1.05
+    assert true_thr(rates, bs, default.width) >= true_thr(rates, bs, best) / (1.05 * 1.10)
 
 
 def test_bruteforce_reference_matches_closed_form():
@@ -657,7 +675,7 @@ def test_config_validation_and_from_dict():
         {"probe_interval": -1}, {"probe_width": 0}, {"acceptance_half_life": 0},
         {"prior_rate": 1.5}, {"cost_ema": 0.0}, {"cost_outlier_ratio": 1.0},
         {"widths": [3, 1]}, {"widths": []}, {"min_weight": float("nan")},
-        {"pad_batch_to_profile": 1},
+        {"pad_batch_to_profile": 1}, {"spec_margin": -0.05}, {"spec_margin": 1.0},
     ]
     for overrides in bad:
         with pytest.raises(ValueError, match="speculation policy"):
