@@ -109,7 +109,7 @@ class PolicyConfig:
     mode: str = "adaptive"  # adaptive | fixed (fixed_width) | on (B-1) | off (0)
     fixed_width: int | None = None  # required iff mode == "fixed"
     widths: tuple[int, ...] | None = None  # candidate W (captured graphs); None = 0..B-1
-    spec_margin: float = 0.10  # a width W > 0 must be predicted to beat W = 0 by this fraction
+    spec_margin: float = 0.0  # a width W > 0 must be predicted to beat W = 0 by this fraction
     switch_margin: float = 0.05  # candidate must beat the current width by this fraction
     switch_patience: int = 4  # ... for this many consecutive steps
     urgent_margin: float = 0.30  # ... or by this much once (e.g. a load burst)
@@ -808,16 +808,16 @@ class SpeculationPolicy:
         """Throughputs as the decision compares them: every W > 0 divided by
         1 + spec_margin (the ranking among positive widths is unchanged).
 
-        Why: the objective is the decode step's own throughput, and in the
-        serving grid it overstated speculation's end-to-end gain at every load
-        (at concurrency 32-64 a predicted on/off ratio of ~1.0 measured 0.90-0.94
-        end to end, ~1.3 measured 1.1; at c1-8 the ratio was ~7% lower than
-        predicted). Part of it is what the step objective leaves out
-        (speculating splits plain decoding's batched admissions into one
-        prefill per finished request, and the decode step after a prefill is no
-        timing sample); at the break-even point the choice is within the
-        model's error either way, and off is the side that cannot be slower
-        than plain decoding."""
+        Why a knob: the objective is the decode step's own throughput, and in
+        the natural-length serving grid it overstated speculation's end-to-end
+        gain (at concurrency 32-64 a predicted on/off ratio of ~1.0 measured
+        0.90-0.94 end to end); at the break-even point the choice is within the
+        model's error, and off is the side that cannot be slower than plain
+        decoding. Default 0 (the plain argmax): 0.10 was measured on the
+        high-load cells and was no net gain there (benchmark/RESULTS.md,
+        grid-eos-margin): much of the gap is a closed-loop effect a margin does
+        not reach (speculating shrinks the decode batch, and the policy compares
+        widths at the batch it sees)."""
         m = 1.0 + self.cfg.spec_margin
         return [t / m if w > 0 else t for w, t in zip(self.widths, thr)]
 
