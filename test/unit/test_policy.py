@@ -310,6 +310,25 @@ def test_spec_margin_keeps_off_unless_speculation_gains_more(gain, expect_on):
         assert (policy.width > 0) == on, (margin, gain, policy.snapshot())
 
 
+def test_load_window_judges_off_at_the_recent_peak_batch():
+    # The batch dips to 20 between refills to 32 (as speculating makes it do
+    # under a fixed number of clients). At bs 20 speculating (a = 0.33) beats
+    # plain decoding by ~10%; plain decoding at the refilled bs 32 beats it by
+    # far more. Judged at the current batch the policy speculates; with
+    # load_window it turns off.
+    rates = [0.33] * (B - 1)
+    assert max(true_thr(rates, 20, w) for w in range(1, B)) > 1.05 * true_thr(rates, 20, 0)
+    assert true_thr(rates, 32, 0) > 1.2 * max(true_thr(rates, 20, w) for w in range(1, B))
+    pattern = [32, 20, 20, 20]
+    for window, off in ((0, False), (16, True)):
+        policy = make_policy(load_window=window, spec_margin=0.0, probe_interval=10,
+                             acceptance_half_life=400.0)
+        rng = random.Random(7)
+        for step in range(400):
+            run(policy, rates, pattern[step % 4], 1, rng)
+        assert (policy.width == 0) == off, (window, policy.snapshot())
+
+
 def test_no_flapping_when_batch_size_straddles_threshold():
     rates = [0.6] * 7
     crossing = next(bs for bs in range(1, 200)
@@ -679,6 +698,7 @@ def test_config_validation_and_from_dict():
         {"prior_rate": 1.5}, {"cost_ema": 0.0}, {"cost_outlier_ratio": 1.0},
         {"widths": [3, 1]}, {"widths": []}, {"min_weight": float("nan")},
         {"pad_batch_to_profile": 1}, {"spec_margin": -0.05}, {"spec_margin": 1.0},
+        {"load_window": -1}, {"load_window": 2.5},
     ]
     for overrides in bad:
         with pytest.raises(ValueError, match="speculation policy"):
