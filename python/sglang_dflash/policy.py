@@ -110,8 +110,8 @@ class PolicyConfig:
     mode: str = "adaptive"  # adaptive | fixed (fixed_width) | on (B-1) | off (0)
     fixed_width: int | None = None  # required iff mode == "fixed"
     widths: tuple[int, ...] | None = None  # candidate W (captured graphs); None = 0..B-1
-    spec_margin: float = 0.10  # a width W > 0 must be predicted to beat W = 0 by this fraction
-    load_window: int = 16  # W = 0 is judged at the peak batch of this many recent steps (0 = current)
+    spec_margin: float = 0.0  # a width W > 0 must be predicted to beat W = 0 by this fraction
+    load_window: int = 0  # W = 0 is judged at the peak batch of this many recent steps (0 = current)
     switch_margin: float = 0.05  # candidate must beat the current width by this fraction
     switch_patience: int = 4  # ... for this many consecutive steps
     urgent_margin: float = 0.30  # ... or by this much once (e.g. a load burst)
@@ -822,7 +822,10 @@ class SpeculationPolicy:
         of 21.6 against 25.2 for the off server. Judged at the batch it sees,
         speculation wins (at bs 16-31 it was predicted 10-16% ahead), but off
         would run at the larger batch, where it ties. The recent peak is the
-        batch the offered load refills to (after each admission)."""
+        batch the offered load refills to (after each admission). Default 0:
+        with 16 (and spec_margin 0.10) chat c32 went off and matched the off
+        server, but math c64 went off too, where always-on was ~10% ahead
+        (benchmark/RESULTS.md, grid-eos-window)."""
         if self.cfg.load_window == 0 or self.widths[0] != 0:
             return thr
         offered = max(self._recent_bs)
@@ -839,9 +842,9 @@ class SpeculationPolicy:
         gain (at concurrency 32-64 a predicted on/off ratio of ~1.0 measured
         0.90-0.94 end to end); at the break-even point the choice is within the
         model's error, and off is the side that cannot be slower than plain
-        decoding. Alone (benchmark/RESULTS.md, grid-eos-margin) it was no net
-        gain: much of the gap is the closed-loop batch shift that
-        `_at_offered_load` corrects."""
+        decoding. Default 0: on the serving grid's c16-64 cells neither 0.10
+        alone nor with load_window 16 was a net gain (benchmark/RESULTS.md,
+        grid-eos-margin, grid-eos-window)."""
         m = 1.0 + self.cfg.spec_margin
         return [t / m if w > 0 else t for w, t in zip(self.widths, thr)]
 
