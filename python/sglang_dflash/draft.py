@@ -59,10 +59,9 @@ def context_slots(
     """
     if max_prefix is None:
         max_prefix = int(prefix_lens.max()) if prefix_lens.numel() else 0
-    width = max_prefix
-    cols = torch.arange(width, device=prefix_lens.device)
+    cols = torch.arange(max_prefix, device=prefix_lens.device)
     valid = cols.unsqueeze(0) < prefix_lens.unsqueeze(1)
-    slots = req_to_token_rows[:, :width].to(torch.int64)
+    slots = req_to_token_rows[:, :max_prefix].to(torch.int64)
     return torch.where(valid, slots, torch.zeros_like(slots)), valid
 
 

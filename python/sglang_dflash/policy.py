@@ -664,6 +664,14 @@ class CostModel:
         fit.add(base, base * math.exp(log_ratio), bs, self.keep)
         self._params.clear()  # neighbours borrow from this bucket
 
+    def cell_weight(self, bs: int, width: int) -> float:
+        """Aged weight of bs's (bucket, W) cell now: about its samples of the
+        last 16 / ema observed steps (0 if never observed)."""
+        cell = self._cells.get((bs.bit_length(), width))
+        if cell is None:
+            return 0.0
+        return cell[1] * self.cell_keep ** (self._step - cell[2])
+
     def has_observations(self) -> bool:
         """Whether any step time has been observed (in any bucket)."""
         return bool(self._fits)
@@ -705,6 +713,11 @@ def best_width_bruteforce(rates: Sequence[float], cost_fn: Callable[[int, int], 
 
 
 _EARLY_OFF_PROBES = 3  # per batch-size bucket; see SpeculationPolicy._maybe_probe
+# While on: re-measure W = 0 in the current bucket when its estimate has gone
+# stale (aged weight below this) and off is predicted within _REFRESH_CLOSE of
+# the current width; see SpeculationPolicy._off_estimate_stale.
+_STALE_OFF_WEIGHT = 1.5
+_REFRESH_CLOSE = 0.30
 _COLD_HOLD = 16  # steps the cold start may wait for its first timed step; see _decide
 
 
@@ -754,6 +767,8 @@ class SpeculationPolicy:
         self._backoff = 1  # probe interval multiplier: 1, 2, 4, ... up to cfg.probe_backoff
         self._settled = 0  # the bucket the batch last stayed in for interval / 8 steps
         self._recent_bs: deque[int] = deque(maxlen=max(1, cfg.load_window))  # for load_window
+        self._last_thr: list[float] = []  # the throughputs the last decision compared
+        self._last_off_probe: dict[int, int] = {}  # bucket -> step of its last early / refresh off probe
 
     @classmethod
     def from_profile(cls, cfg: PolicyConfig, block_size: int,
@@ -801,10 +816,12 @@ class SpeculationPolicy:
         self._bucket = bucket
         if bucket != self._settled and self._bucket_run >= self._settle_steps():
             self._settled, self._backoff = bucket, 1  # a new load: probe at the base rate
-        self._recent_bs.append(batch_size)
+        if self.cfg.load_window > 0:
+            self._recent_bs.append(batch_size)
         if self.cfg.mode == "adaptive":
             thr = self._at_offered_load(self.throughputs(batch_size, request_ids), batch_size)
-            self._decide(self._handicapped(thr))
+            self._last_thr = self._handicapped(thr)
+            self._decide(self._last_thr)
             w = self._maybe_probe(batch_size)
         self.steps += 1
         self.spec_steps += w > 0
@@ -845,6 +862,8 @@ class SpeculationPolicy:
         decoding. Default 0: on the serving grid's c16-64 cells neither 0.10
         alone nor with load_window 16 was a net gain (benchmark/RESULTS.md,
         grid-eos-margin, grid-eos-window)."""
+        if self.cfg.spec_margin == 0:
+            return thr
         m = 1.0 + self.cfg.spec_margin
         return [t / m if w > 0 else t for w, t in zip(self.widths, thr)]
 
@@ -904,8 +923,11 @@ class SpeculationPolicy:
         W = 0 is predicted by the bucket's affine fit, learned from wide steps
         only, which charges it the wide steps' unexplained time (seen in the
         serving grid: W = 0 predicted at 1.7x its real cost at bs 32, so
-        speculation stayed on where it lost 20%). At most `_EARLY_OFF_PROBES` such probes per bucket, so a bucket
-        whose steps never time cleanly (prefill traffic) cannot keep it off.
+        speculation stayed on where it lost 20%). At most `_EARLY_OFF_PROBES`
+        such probes per bucket, so a bucket whose steps never time cleanly
+        (prefill traffic) cannot keep it off. The same probe re-measures W = 0
+        later when its estimate has gone stale and the decision is close
+        (`_off_estimate_stale`).
         """
         if self._probe_left > 0:
             self._probe_left -= 1
@@ -915,10 +937,12 @@ class SpeculationPolicy:
         if self.cfg.probe_interval == 0 or len(self.widths) == 1:
             return self.width
         early = self._settle_steps()
-        if (self._off_cost_unmeasured(batch_size) and self._since_probe >= early
-                and self._bucket_run >= early):
+        if (self._since_probe >= early and self._bucket_run >= early
+                and (self._off_cost_unmeasured(batch_size) or self._off_estimate_stale(batch_size))):
             bucket = batch_size.bit_length()
-            self._early_off_probes[bucket] = self._early_off_probes.get(bucket, 0) + 1
+            if not self.cost.observed(batch_size, 0):
+                self._early_off_probes[bucket] = self._early_off_probes.get(bucket, 0) + 1
+            self._last_off_probe[bucket] = self.steps
             return self._start_probe(0, self.cfg.probe_length + 2)
         if self._since_probe < self.probe_interval:
             return self.width
@@ -957,6 +981,30 @@ class SpeculationPolicy:
         return (self.width > 0 and self.widths[0] == 0 and self.cost is not None
                 and not self.cost.observed(batch_size, 0)
                 and self._early_off_probes.get(batch_size.bit_length(), 0) < _EARLY_OFF_PROBES)
+
+    def _off_estimate_stale(self, batch_size: int) -> bool:
+        """On, W = 0 measured in this bucket but not lately (the cell's aged
+        weight is below `_STALE_OFF_WEIGHT`: no sample in the last ~300 timed
+        steps), off predicted within `_REFRESH_CLOSE` of the current width, and
+        no off probe in this bucket for two probe intervals.
+
+        Why: while on, W = 0 is otherwise timed only every 4th probe (every
+        200-800 steps), so three early samples taken in one moment decided a
+        bucket for the rest of a server's life. Seen in the serving grid
+        (chat, c32, after the math and code cells): W = 0 at bs 16-31 was held
+        at 39 ms from a few samples, speculation was predicted 23% ahead and
+        stayed on, while the off server was 9% faster than the always-on one.
+        Where the decision is not close the estimate's age does not matter."""
+        if not (self.width > 0 and self.widths[0] == 0 and self.cost is not None
+                and self._last_thr and self.cost.observed(batch_size, 0)):
+            return False
+        last = self._last_off_probe.get(batch_size.bit_length())
+        if last is not None and self.steps - last < 2 * self.cfg.probe_interval:
+            return False
+        if self.cost.cell_weight(batch_size, 0) >= _STALE_OFF_WEIGHT:
+            return False
+        cur = self._last_thr[self.widths.index(self.width)]
+        return cur < (1.0 + _REFRESH_CLOSE) * self._last_thr[0]
 
     # -- feedback ---------------------------------------------------------
 

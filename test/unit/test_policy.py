@@ -256,6 +256,67 @@ def test_no_early_off_probe_in_one_step_batch_dips():
     assert not policy.cost.observed(3, 0) and 0 not in dips, dips
 
 
+def uniform_rate_for_ratio(bs, on_over_off, cost=true_cost):
+    """Uniform a_j at which the best W > 0 runs at `on_over_off` x plain decode's throughput."""
+    def thr(rates, w):
+        return bs * expected_commits(rates[:w])[-1] / cost(bs, w)
+
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        a = (lo + hi) / 2
+        best_on = max(thr([a] * (B - 1), w) for w in range(1, B))
+        lo, hi = (a, hi) if best_on < on_over_off * thr([a] * (B - 1), 0) else (lo, a)
+    return (lo + hi) / 2
+
+
+@pytest.mark.parametrize("refresh", [True, False])
+def test_stale_off_estimate_is_remeasured_when_the_decision_is_close(refresh, monkeypatch):
+    """Seen in the serving grid (chat, c32, late in a long-running server): the
+    off cost of bs 16-31 came from a few samples taken long before, so
+    speculation, predicted ~20% ahead, stayed on although off was 9% faster.
+    Here: on wins clearly at first, and its early off probe is timed in a
+    disturbed moment (1.6x); then acceptance drops so that off is 15% faster.
+    A stale off estimate is re-measured while the decision is close; without
+    that (the control case) the old samples keep it on until the ordinary
+    probes (every 4th runs W = 0) come around."""
+    import sglang_dflash.policy as policy_module
+    if not refresh:
+        monkeypatch.setattr(policy_module, "_REFRESH_CLOSE", -1.0)  # never close: no refresh
+
+    def real(bs, w):  # a CPU server's per-step overhead, which the profile misses
+        return 0.02 + true_cost(bs, w)
+
+    bs = 40
+    high, low = uniform_rate_for_ratio(bs, 1.5, real), uniform_rate_for_ratio(bs, 0.87, real)
+    policy = make_policy()
+    rng = random.Random(3)
+    executed = []
+    for step in range(700):
+        rates = [high if step < 150 else low] * (B - 1)
+        w = policy.choose_width(bs)
+        seconds = real(bs, w) * (1.6 if step < 150 and w == 0 else 1.0)
+        lens = [sample_accept(rng, rates, w) for _ in range(bs)] if w else [0] * bs
+        policy.observe_verify(w, lens, seconds, bs)
+        executed.append(w)
+    assert best_width_bruteforce([low] * (B - 1), real, bs, B - 1) == 0
+    assert 0 not in executed[100:150]  # on while it wins
+    if refresh:
+        assert policy.width == 0 and executed[-80:].count(0) > 70, policy.snapshot()
+    else:
+        assert policy.width > 0 and executed[-80:].count(0) < 10, policy.snapshot()
+
+
+def test_no_off_refresh_while_speculation_wins_clearly():
+    """Refresh probes are for close decisions only: where speculation is
+    predicted far ahead, W = 0 runs only in the ordinary probes."""
+    bs = 8
+    rates = [uniform_rate_for_ratio(bs, 1.6)] * (B - 1)
+    policy = make_policy()
+    executed = run(policy, rates, bs, 1500, random.Random(4))
+    assert policy.width > 0
+    assert executed.count(0) <= 3 + 2  # the early off probe, then every 4th ordinary probe
+
+
 def test_cold_start_holds_the_widest_width_until_a_step_is_timed():
     """The start-up profile times the model's forwards, not the CPU server's
     per-step scheduler work (~10 ms here): by the profile alone, off beats W = 7

@@ -130,7 +130,8 @@ class DFlashWorker(BaseSpecWorker):
 
         start = time.perf_counter()
         samples = profile_costs(self.model_runner.model, self.drafter, self.block_size, widths=cfg.widths)
-        logger.info("sglang-dflash: cost profile (%d samples) in %.1fs", len(samples), time.perf_counter() - start)
+        logger.info("sglang-dflash: cost profile (%d samples) in %.1fs",
+                    len(samples), time.perf_counter() - start)
         return SpeculationPolicy.from_profile(cfg, self.block_size, samples)
 
     def alloc_memory_pool(
@@ -373,8 +374,11 @@ class DFlashWorker(BaseSpecWorker):
         if self.drafter.cfg.version == 1:
             return propose_argmax(hidden, self._lm_head_weight())
         bs = hidden.shape[0]
-        greedy = sampling.greedy if sampling is not None else torch.ones(bs, dtype=torch.bool, device=self.device)
-        temperature = sampling.temperature if sampling is not None else torch.ones(bs, device=self.device)
+        if sampling is None:  # all greedy
+            greedy = torch.ones(bs, dtype=torch.bool, device=self.device)
+            temperature = torch.ones(bs, device=self.device)
+        else:
+            greedy, temperature = sampling.greedy, sampling.temperature
         return propose_selector(
             self.drafter, hidden, block.token_ids[:, 0], self._lm_head_weight(),
             temperature, greedy, uniforms,
