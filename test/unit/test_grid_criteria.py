@@ -23,7 +23,20 @@ def test_ratios_are_taken_within_a_repetition_then_medianed():
     (row,) = rows
     assert row["vs_plain"]["median"] == pytest.approx(2.9)
     assert row["vs_best_fixed"]["median"] == pytest.approx(290 / 300)
+    assert row["off_vs_plain"]["median"] == pytest.approx(0.9)
     assert row["pass"] is True
+
+
+def test_off_vs_plain_is_reported_but_not_a_criterion():
+    cells = _cells({("plain", 8): [100, 100], ("dflash-on", 8): [200, 200],
+                    ("dflash-off", 8): [60, 130], ("dflash-adaptive", 8): [195, 196]})
+    (row,) = grid.adaptive_criteria(cells)
+    assert row["pass"] is True  # off far below plain in one repetition does not fail the cell
+    off = row["off_vs_plain"]
+    assert (off["min"], off["max"]) == (pytest.approx(0.6), pytest.approx(1.3))
+    md = "\n".join(grid.adaptive_criteria_md({"cells": cells}))
+    assert "| off vs plain |" in md and "| math | 8 |" in md
+    assert md.splitlines()[-1].endswith("| 0.95 [0.60-1.30] |"), md.splitlines()[-1]
 
 
 @pytest.mark.parametrize("adaptive,on,off,plain,conc,ok", [
