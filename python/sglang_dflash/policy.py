@@ -25,7 +25,9 @@ accept_len + 1 including the bonus; E(W) is the expected commit_len).
   `probe_interval` steps one step runs at `probe_width`; while on, one step
   runs alternately one candidate wider (the rate of the first unverified
   position stays fresh) and one narrower (the neighbouring cost cell is
-  measured, not only extrapolated). Probes are exploration, and they cost
+  measured, not only extrapolated), every 4th at W = 0; W = 0 is also timed
+  early in every new batch-size bucket, and again when its estimate there has
+  gone stale while the decision is close. Probes are exploration, and they cost
   throughput (a W = 0 probe at concurrency 1 commits one token where the
   decided width commits ~6): while nothing changes, the interval doubles after
   each probe up to `probe_backoff` x `probe_interval`, and drops back to
@@ -993,7 +995,7 @@ class SpeculationPolicy:
         bucket for the rest of a server's life. Seen in the serving grid
         (chat, c32, after the math and code cells): W = 0 at bs 16-31 was held
         at 39 ms from a few samples, speculation was predicted 23% ahead and
-        stayed on, while the off server was 9% faster than the always-on one.
+        stayed on, while the off server was ~6% faster than the always-on one.
         Where the decision is not close the estimate's age does not matter."""
         if not (self.width > 0 and self.widths[0] == 0 and self.cost is not None
                 and self._last_thr and self.cost.observed(batch_size, 0)):
