@@ -769,7 +769,6 @@ class SpeculationPolicy:
         self._backoff = 1  # probe interval multiplier: 1, 2, 4, ... up to cfg.probe_backoff
         self._settled = 0  # the bucket the batch last stayed in for interval / 8 steps
         self._recent_bs: deque[int] = deque(maxlen=max(1, cfg.load_window))  # for load_window
-        self._last_thr: list[float] = []  # the throughputs the last decision compared
         self._last_off_probe: dict[int, int] = {}  # bucket -> step of its last early / refresh off probe
 
     @classmethod
@@ -822,9 +821,9 @@ class SpeculationPolicy:
             self._recent_bs.append(batch_size)
         if self.cfg.mode == "adaptive":
             thr = self._at_offered_load(self.throughputs(batch_size, request_ids), batch_size)
-            self._last_thr = self._handicapped(thr)
-            self._decide(self._last_thr)
-            w = self._maybe_probe(batch_size)
+            thr = self._handicapped(thr)
+            self._decide(thr)
+            w = self._maybe_probe(batch_size, thr)
         self.steps += 1
         self.spec_steps += w > 0
         self.last_width, self.last_batch_size = w, batch_size
@@ -899,7 +898,7 @@ class SpeculationPolicy:
             self._streak = self._since_probe = 0
             self._backoff = 1
 
-    def _maybe_probe(self, batch_size: int) -> int:
+    def _maybe_probe(self, batch_size: int, thr: list[float]) -> int:
         """Once every `self.probe_interval` steps run one step at another width
         (the configured interval, doubled after each probe up to `probe_backoff`
         times while the width and the batch-size bucket stay the same).
@@ -939,13 +938,14 @@ class SpeculationPolicy:
         if self.cfg.probe_interval == 0 or len(self.widths) == 1:
             return self.width
         early = self._settle_steps()
-        if (self._since_probe >= early and self._bucket_run >= early
-                and (self._off_cost_unmeasured(batch_size) or self._off_estimate_stale(batch_size))):
-            bucket = batch_size.bit_length()
-            if not self.cost.observed(batch_size, 0):
-                self._early_off_probes[bucket] = self._early_off_probes.get(bucket, 0) + 1
-            self._last_off_probe[bucket] = self.steps
-            return self._start_probe(0, self.cfg.probe_length + 2)
+        if self._since_probe >= early and self._bucket_run >= early:
+            unmeasured = self._off_cost_unmeasured(batch_size)
+            if unmeasured or self._off_estimate_stale(batch_size, thr):
+                bucket = batch_size.bit_length()
+                if unmeasured:
+                    self._early_off_probes[bucket] = self._early_off_probes.get(bucket, 0) + 1
+                self._last_off_probe[bucket] = self.steps
+                return self._start_probe(0, self.cfg.probe_length + 2)
         if self._since_probe < self.probe_interval:
             return self.width
         self._backoff = min(2 * self._backoff, self.cfg.probe_backoff)
@@ -984,11 +984,12 @@ class SpeculationPolicy:
                 and not self.cost.observed(batch_size, 0)
                 and self._early_off_probes.get(batch_size.bit_length(), 0) < _EARLY_OFF_PROBES)
 
-    def _off_estimate_stale(self, batch_size: int) -> bool:
+    def _off_estimate_stale(self, batch_size: int, thr: list[float]) -> bool:
         """On, W = 0 measured in this bucket but not lately (the cell's aged
         weight is below `_STALE_OFF_WEIGHT`: no sample in the last ~300 timed
-        steps), off predicted within `_REFRESH_CLOSE` of the current width, and
-        no off probe in this bucket for two probe intervals.
+        steps), off predicted within `_REFRESH_CLOSE` of the current width by
+        this step's decision throughputs `thr`, and no off probe in this bucket
+        for two probe intervals.
 
         Why: while on, W = 0 is otherwise timed only every 4th probe (every
         200-800 steps), so three early samples taken in one moment decided a
@@ -998,15 +999,14 @@ class SpeculationPolicy:
         stayed on, while the off server was ~6% faster than the always-on one.
         Where the decision is not close the estimate's age does not matter."""
         if not (self.width > 0 and self.widths[0] == 0 and self.cost is not None
-                and self._last_thr and self.cost.observed(batch_size, 0)):
+                and self.cost.observed(batch_size, 0)):
             return False
         last = self._last_off_probe.get(batch_size.bit_length())
         if last is not None and self.steps - last < 2 * self.cfg.probe_interval:
             return False
         if self.cost.cell_weight(batch_size, 0) >= _STALE_OFF_WEIGHT:
             return False
-        cur = self._last_thr[self.widths.index(self.width)]
-        return cur < (1.0 + _REFRESH_CLOSE) * self._last_thr[0]
+        return thr[self.widths.index(self.width)] < (1.0 + _REFRESH_CLOSE) * thr[0]
 
     # -- feedback ---------------------------------------------------------
 

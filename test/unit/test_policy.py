@@ -74,16 +74,23 @@ def run(policy, rates, bs, steps, rng, noise=0.0):
     return executed
 
 
-def uniform_rate_at_threshold(bs, spec_margin=0.0):
-    """Uniform a_j such that the best W > 0 ties with plain decode at this bs
-    (with `spec_margin`: beats it by exactly that fraction)."""
+def uniform_rate_for_ratio(bs, on_over_off, cost=true_cost):
+    """Uniform a_j at which the best W > 0 runs at `on_over_off` x plain decode's throughput."""
+    def thr(rates, w):
+        return bs * expected_commits(rates[:w])[-1] / cost(bs, w)
+
     lo, hi = 0.0, 1.0
     for _ in range(60):
         a = (lo + hi) / 2
-        rates = [a] * (B - 1)
-        best_on = max(true_thr(rates, bs, w) for w in range(1, B))
-        lo, hi = (a, hi) if best_on < (1 + spec_margin) * true_thr(rates, bs, 0) else (lo, a)
+        best_on = max(thr([a] * (B - 1), w) for w in range(1, B))
+        lo, hi = (a, hi) if best_on < on_over_off * thr([a] * (B - 1), 0) else (lo, a)
     return (lo + hi) / 2
+
+
+def uniform_rate_at_threshold(bs, spec_margin=0.0):
+    """Uniform a_j such that the best W > 0 ties with plain decode at this bs
+    (with `spec_margin`: beats it by exactly that fraction)."""
+    return uniform_rate_for_ratio(bs, 1.0 + spec_margin)
 
 
 # ---------------------------------------------------------------------------
@@ -256,24 +263,11 @@ def test_no_early_off_probe_in_one_step_batch_dips():
     assert not policy.cost.observed(3, 0) and 0 not in dips, dips
 
 
-def uniform_rate_for_ratio(bs, on_over_off, cost=true_cost):
-    """Uniform a_j at which the best W > 0 runs at `on_over_off` x plain decode's throughput."""
-    def thr(rates, w):
-        return bs * expected_commits(rates[:w])[-1] / cost(bs, w)
-
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        a = (lo + hi) / 2
-        best_on = max(thr([a] * (B - 1), w) for w in range(1, B))
-        lo, hi = (a, hi) if best_on < on_over_off * thr([a] * (B - 1), 0) else (lo, a)
-    return (lo + hi) / 2
-
-
 @pytest.mark.parametrize("refresh", [True, False])
 def test_stale_off_estimate_is_remeasured_when_the_decision_is_close(refresh, monkeypatch):
     """Seen in the serving grid (chat, c32, late in a long-running server): the
     off cost of bs 16-31 came from a few samples taken long before, so
-    speculation, predicted ~20% ahead, stayed on although off was 9% faster.
+    speculation, predicted ~20% ahead, stayed on although off was ~6% faster.
     Here: on wins clearly at first, and its early off probe is timed in a
     disturbed moment (1.6x); then acceptance drops so that off is 15% faster.
     A stale off estimate is re-measured while the decision is close; without
