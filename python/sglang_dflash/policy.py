@@ -32,15 +32,24 @@ accept_len + 1 including the bonus; E(W) is the expected commit_len).
   decided width commits ~6): while nothing changes, the interval doubles after
   each probe up to `probe_backoff` x `probe_interval`, and drops back to
   `probe_interval` when the width switches or the batch settles in another
-  batch-size bucket. Why hysteresis: a hard threshold without it
+  batch-size bucket; a costly probe (the widest width while off at a large
+  batch) also waits until its extra time is at most `probe_share` of the
+  time since the last one. Why hysteresis: a hard threshold without it
   collapsed a public implementation at its switch point (vLLM #49548,
   dflash.md section 9.2).
+* `RegimeTrials` (trials.py) checks the model's on-versus-off call where it
+  is close: it runs the other regime for `trial_steps` steps, measures
+  served decode throughput against the steps before, and scales every W > 0
+  prediction by the measured / predicted ratio (the model, judging at the
+  batch it sees, leans toward speculation under a closed loop).
 
 Worker integration (host side, once per decode step):
 
+    policy.observe_period(seconds)         # the last step's start-to-next-start wall time
     w = policy.choose_width(bs)            # before drafting; same w on all DP ranks
+    step = policy.steps - 1                # this step's index, for the trials' token count
     ... w == 0: plain decode, no drafter; else draft B-1, verify anchor + w ...
-    policy.observe_verify(w, accept_lens, seconds, bs)   # or observe_plain(seconds, bs)
+    policy.observe_verify(w, accept_lens, seconds, bs, step=step)  # or observe_plain(.., step)
 
 `accept_lens` are accepted drafts per request (SGLang's per-request
 `accept_lens` count the bonus too: subtract 1); `seconds` is the step time,
@@ -74,6 +83,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from numbers import Integral, Real
 from typing import Any
+
+from sglang_dflash.trials import RegimeTrials, TrialConfig
 
 MODES = ("adaptive", "fixed", "on", "off")
 _PREFIX = "speculation policy: "
@@ -121,6 +132,7 @@ class PolicyConfig:
     probe_width: int = 2  # W of an off-state probe (largest candidate <= this)
     probe_length: int = 1  # consecutive steps a probe runs (the worker uses >= 2 under overlap)
     probe_backoff: int = 4  # the interval doubles after each probe, up to this factor (1 = fixed)
+    probe_share: float | None = 0.02  # a probe's extra time <= this share of the time between probes
     acceptance_half_life: float = 50.0  # steps; math.inf = no decay
     min_weight: float = 4.0  # floor of a position's decayed weight; also the prior's weight
     prior_rate: float = 0.7  # a_j before any observation
@@ -130,6 +142,9 @@ class PolicyConfig:
     cost_prior_weight: float = 1.0  # pseudo-steps holding the fit's scale at 1 (the profile's shape)
     cost_outlier_ratio: float = 3.0  # clip measured/predicted step time to [1/r, r]
     pad_batch_to_profile: bool = False  # cost of bs = cost of the next profiled bs (graph padding)
+    trial_steps: int = 128  # steps of an on/off trial (trials.py); 0 = no trials, no bias
+    trial_every: int = 1024  # steps between trials while the load holds
+    trial_close: float = 0.30  # trials run while corrected best-on/off is in (1/(1+this), 1+this)
 
     def __post_init__(self) -> None:
         if self.widths is not None:
@@ -137,6 +152,7 @@ class PolicyConfig:
         _check_modes(self)
         _check_hysteresis(self)
         _check_estimators(self)
+        _check_trials(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PolicyConfig:
@@ -184,6 +200,8 @@ def _check_hysteresis(c: PolicyConfig) -> None:
              "must be an int >= 1")
     _require(_is_int(c.probe_backoff) and c.probe_backoff >= 1, "probe_backoff", c.probe_backoff,
              "must be an int >= 1 (1 = a fixed probe interval)")
+    _require(c.probe_share is None or (_is_real(c.probe_share) and 0 < c.probe_share <= 1),
+             "probe_share", c.probe_share, "must be a number in (0, 1], or null (no limit)")
 
 
 def _check_estimators(c: PolicyConfig) -> None:
@@ -205,6 +223,15 @@ def _check_estimators(c: PolicyConfig) -> None:
              "must be a finite number > 1")
     _require(isinstance(c.pad_batch_to_profile, bool), "pad_batch_to_profile",
              c.pad_batch_to_profile, "must be a bool")
+
+
+def _check_trials(c: PolicyConfig) -> None:
+    _require(_is_int(c.trial_steps) and (c.trial_steps == 0 or c.trial_steps >= 8), "trial_steps",
+             c.trial_steps, "must be an int >= 8, or 0 (no trials)")
+    _require(_is_int(c.trial_every) and c.trial_every >= c.trial_steps, "trial_every",
+             c.trial_every, f"must be an int >= trial_steps = {c.trial_steps}")
+    _require(_is_real(c.trial_close) and math.isfinite(c.trial_close) and c.trial_close > 0,
+             "trial_close", c.trial_close, "must be a finite number > 0")
 
 
 # ---------------------------------------------------------------------------
@@ -723,6 +750,11 @@ _REFRESH_CLOSE = 0.30
 _COLD_HOLD = 16  # steps the cold start may wait for its first timed step; see _decide
 
 
+def _best_on(thr: Sequence[float]) -> int:
+    """Index of the best W > 0 in throughputs over (0, W1, W2, ...)."""
+    return 1 + max(range(len(thr) - 1), key=lambda i: thr[1 + i])
+
+
 class SpeculationPolicy:
     """Chooses the verify width per decode step; see the module docstring.
 
@@ -770,6 +802,12 @@ class SpeculationPolicy:
         self._settled = 0  # the bucket the batch last stayed in for interval / 8 steps
         self._recent_bs: deque[int] = deque(maxlen=max(1, cfg.load_window))  # for load_window
         self._last_off_probe: dict[int, int] = {}  # bucket -> step of its last early / refresh off probe
+        # On/off trials by measured throughput (trials.py): adaptive, W = 0 and a W > 0 candidates.
+        self.trials = None
+        self._pre_trial: int | None = None  # the decided width a running trial interrupted
+        if cfg.mode == "adaptive" and cfg.trial_steps > 0 and self.widths[0] == 0 and positive:
+            self.trials = RegimeTrials(TrialConfig(cfg.trial_steps, cfg.trial_every,
+                                                   cfg.trial_close, cfg.switch_margin))
 
     @classmethod
     def from_profile(cls, cfg: PolicyConfig, block_size: int,
@@ -822,8 +860,16 @@ class SpeculationPolicy:
         if self.cfg.mode == "adaptive":
             thr = self._at_offered_load(self.throughputs(batch_size, request_ids), batch_size)
             thr = self._handicapped(thr)
-            self._decide(thr)
-            w = self._maybe_probe(batch_size, thr)
+            forced = self._trial_regime(batch_size, thr)
+            if forced is None:
+                if self._pre_trial is not None:  # a trial ended: back to the width it interrupted
+                    self._switch(self._pre_trial)
+                    self._pre_trial = None
+                thr = self._calibrated(thr)
+                self._decide(thr)
+                w = self._maybe_probe(batch_size, thr)
+            else:
+                w = self._run_trial(forced, thr)
         self.steps += 1
         self.spec_steps += w > 0
         self.last_width, self.last_batch_size = w, batch_size
@@ -868,6 +914,47 @@ class SpeculationPolicy:
         m = 1.0 + self.cfg.spec_margin
         return [t / m if w > 0 else t for w, t in zip(self.widths, thr)]
 
+    def _trial_regime(self, batch_size: int, thr: list[float]) -> bool | None:
+        """The regime a running on/off trial imposes (True = on), or None
+        (trials.py). Not before the cold start has decided a width."""
+        if self.trials is None or self.width is None or self._cold_steps < _COLD_HOLD:
+            return None
+        best = _best_on(thr)
+        predict = self.cost.predict
+        cost_ratio = predict(batch_size, self.widths[best]) / predict(batch_size, 0)
+        return self.trials.regime(self.steps, thr[best] / thr[0], self.width > 0, batch_size,
+                                  cost_ratio)
+
+    def _calibrated(self, thr: list[float]) -> list[float]:
+        """Every W > 0 throughput times the trials' measured bias (W = 0 is
+        plain decoding, the reference the bias is measured against)."""
+        if self.trials is None or not self.trials.log_bias:
+            return thr
+        k = self.trials.bias
+        return [t * k if w > 0 else t for w, t in zip(self.widths, thr)]
+
+    def _run_trial(self, on: bool, thr: list[float]) -> int:
+        """A trial step: off = W = 0; on = the model's best W > 0 (with the
+        usual hysteresis among them). No probes inside a trial: it measures one
+        regime; the decided width is the trial's, so the switches count."""
+        self._probe_left = 0
+        if self._pre_trial is None:
+            self._pre_trial = self.width
+        if not on:
+            if self.width != 0:
+                self._switch(0)
+        elif self.width == 0:
+            self._switch(self.widths[_best_on(thr)])
+        else:
+            self._decide([0.0] + thr[1:])
+        return self.width
+
+    def _switch(self, width: int) -> None:
+        self.width = width
+        self.switches += 1
+        self._streak = self._since_probe = 0
+        self._backoff = 1
+
     def _decide(self, thr: list[float]) -> None:
         best = max(range(len(thr)), key=thr.__getitem__)  # first max: ties go to smaller W
         if self.width is None:
@@ -893,10 +980,7 @@ class SpeculationPolicy:
             return
         self._streak += 1
         if self._streak >= self.cfg.switch_patience or gain >= self.cfg.urgent_margin:
-            self.width = self.widths[best]
-            self.switches += 1
-            self._streak = self._since_probe = 0
-            self._backoff = 1
+            self._switch(self.widths[best])
 
     def _maybe_probe(self, batch_size: int, thr: list[float]) -> int:
         """Once every `self.probe_interval` steps run one step at another width
@@ -948,20 +1032,40 @@ class SpeculationPolicy:
                 return self._start_probe(0, self.cfg.probe_length + 2)
         if self._since_probe < self.probe_interval:
             return self.width
-        self._backoff = min(2 * self._backoff, self.cfg.probe_backoff)
         i = self.widths.index(self.width)
+        wide, down_next = not self._probe_wide, not self._probe_down
+        off_cost = self.width > 0 and self.widths[0] == 0 and self._on_probes % 4 == 3
         if self.width == 0:
-            self._probe_wide = not self._probe_wide
-            probe = self.widths[-1] if self._probe_wide else self.probe_width
-        elif self.widths[0] == 0 and self._on_probes % 4 == 3:
+            probe = self.widths[-1] if wide else self.probe_width
+        elif off_cost:
             probe = 0  # every 4th probe while on: measure the off cost in this bucket
-            self._on_probes += 1
         else:
-            self._on_probes += 1
-            self._probe_down = not self._probe_down
-            down = (self._probe_down and i > 0) or i == len(self.widths) - 1
+            down = (down_next and i > 0) or i == len(self.widths) - 1
             probe = self.widths[i - 1] if down else self.widths[i + 1]
+        if self._since_probe < self._probe_wait(batch_size, probe):
+            return self.width
+        self._backoff = min(2 * self._backoff, self.cfg.probe_backoff)
+        if self.width == 0:
+            self._probe_wide = wide
+        else:
+            self._probe_down = self._probe_down if off_cost else down_next
+            self._on_probes += 1
         return self._start_probe(probe, self.cfg.probe_length)
+
+    def _probe_wait(self, batch_size: int, probe: int) -> float:
+        """Steps since the last probe before a probe at `probe` may run: its
+        extra step time over the decided width's, as a share of the time in
+        between, at most `probe_share`. Why: while off at a large batch a
+        probe at the widest width costs several plain steps per step (7x at
+        bs 64 on a CPU server), and every 200 steps that alone took ~6% of
+        the decode time (adaptive measured 3-9% below the off server at code
+        c64, benchmark/RESULTS.md, grid-eos-margin). Cheap probes (a
+        neighbouring width, W = 0 while on) are not held back."""
+        if self.cost is None or self.cfg.probe_share is None:
+            return 0.0
+        predict = self.cost.predict
+        extra = predict(batch_size, probe) / predict(batch_size, self.width) - 1.0
+        return max(0.0, self.cfg.probe_length * extra / self.cfg.probe_share)
 
     @property
     def probe_interval(self) -> int:
@@ -1012,29 +1116,37 @@ class SpeculationPolicy:
 
     def observe_verify(self, width: int, accept_lens: Sequence[int],
                        step_seconds: float | None, batch_size: int,
-                       request_ids: Sequence[Hashable] | None = None) -> None:
+                       request_ids: Sequence[Hashable] | None = None,
+                       step: int | None = None) -> None:
         """Feed back one executed step at verify width `width` (host-side lists only).
 
         accept_lens[i]: accepted drafts of request i (0..width), bonus EXCLUDED.
         step_seconds: measured step time, or None when it is not a pure decode
         step (e.g. mixed with prefill) and must not train the cost model.
+        step: the step's index (`steps` after its `choose_width`, minus 1), for
+        the regime trials' token count; None = not counted.
         """
         if len(accept_lens) != batch_size:
             raise _fail(f"len(accept_lens) = {len(accept_lens)} != batch_size = {batch_size}")
         if width == 0:
             if any(accept_lens):
                 raise _fail("accept_lens must be all 0 at width 0")
-            self.observe_plain(step_seconds, batch_size)
+            self.observe_plain(step_seconds, batch_size, step)
             return
         self.stats.observe(width, accept_lens)
+        if step is not None and self.trials is not None:
+            self.trials.tokens(step, batch_size + sum(accept_lens))
         if request_ids is not None:
             self._observe_requests(width, accept_lens, request_ids)
         if step_seconds is not None and self.cost is not None:
             self.cost.observe(batch_size, width, step_seconds)
 
-    def observe_plain(self, step_seconds: float | None, batch_size: int) -> None:
+    def observe_plain(self, step_seconds: float | None, batch_size: int,
+                      step: int | None = None) -> None:
         """Feed back one plain decode step (W = 0: no drafter, anchor only)."""
         self.stats.tick()
+        if step is not None and self.trials is not None:
+            self.trials.tokens(step, batch_size)
         if step_seconds is not None and self.cost is not None:
             self.cost.observe(batch_size, 0, step_seconds)
 
@@ -1044,6 +1156,13 @@ class SpeculationPolicy:
         a step from its start to the next step's start)."""
         if self.cost is not None:
             self.cost.observe(batch_size, width, step_seconds)
+
+    def observe_period(self, seconds: float) -> None:
+        """The wall time of the last chosen step, from its start to the next
+        forward's start (every decode step's, also those the cost model does
+        not take): the regime trials' measure of decode time."""
+        if self.trials is not None and self.steps > 0:
+            self.trials.period(self.steps - 1, seconds)
 
     def _observe_requests(self, width: int, accept_lens: Sequence[int],
                           request_ids: Sequence[Hashable]) -> None:
@@ -1084,6 +1203,7 @@ class SpeculationPolicy:
             "predicted_tokens_per_s_by_bucket": self._bucket_tables(),
             "cost": self.cost.snapshot() if self.cost is not None else None,
             "dragging_requests": self._dragging(),
+            "trials": self.trials.snapshot() if self.trials is not None else None,
         }
 
     def _bucket_tables(self) -> dict | None:

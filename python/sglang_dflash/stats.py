@@ -104,6 +104,9 @@ class StepClock:
     Usage: `decode_started(bs, now)` at a decode step's start, then
     `ran(width)` once its width is chosen; `prefill_started(now, idle)` at a
     prefill's start. Both `*_started` return the closed period's sample or None.
+    `last_period` is then the closed period's seconds whether or not it is a
+    sample (None when none closed, or the server idled): every decode step's
+    wall time, for measuring served throughput (the policy's regime trials).
     """
 
     def __init__(self, overlap: bool) -> None:
@@ -111,6 +114,7 @@ class StepClock:
         self._start: tuple[int, float] | None = None  # (batch size, start) of the open step
         self._width: int | None = None  # ... the width it ran
         self._prior: int | None = None  # width of the decode step before it
+        self.last_period: float | None = None
 
     def decode_started(self, batch_size: int, now: float) -> StepSample | None:
         sample = self._close(now)
@@ -122,14 +126,18 @@ class StepClock:
         self._width = width
 
     def prefill_started(self, now: float, idle_before: bool) -> StepSample | None:
+        if idle_before:
+            self.last_period = None
         sample = None if idle_before else self._close(now)
         self._start = self._width = self._prior = None
         return sample
 
     def _close(self, now: float) -> StepSample | None:
+        self.last_period = None
         if self._start is None or self._width is None:
             return None
+        bs, start = self._start
+        self.last_period = now - start
         if self.overlap and self._prior != self._width:
             return None
-        bs, start = self._start
         return StepSample(self._width, bs, now - start)

@@ -116,7 +116,8 @@ def test_turns_off_under_load_and_back_on_when_load_drops():
 def test_probes_while_off_and_turns_back_on_when_acceptance_improves():
     rng = random.Random(1)
     bs, interval = 16, 25
-    policy = make_policy(probe_interval=interval, probe_width=2, probe_backoff=1)
+    # probe_share None: every probe on the interval, however costly (see the share test).
+    policy = make_policy(probe_interval=interval, probe_width=2, probe_backoff=1, probe_share=None)
     executed = run(policy, [0.1] * 7, bs, 400, rng)
     assert policy.width == 0
     probes = [i for i, w in enumerate(executed[100:]) if w > 0]
@@ -128,6 +129,28 @@ def test_probes_while_off_and_turns_back_on_when_acceptance_improves():
     executed = run(policy, [0.9] * 7, bs, 3 * interval + 10, rng)
     assert policy.width > 0
     assert executed[-1] > 0
+
+
+@pytest.mark.parametrize("share", [0.02, None])
+def test_costly_probes_take_a_bounded_share_of_the_time(share):
+    """Off at bs 64 a probe at the widest width costs ~10 plain steps per step:
+    on the plain interval (50 x backoff 4, two steps a probe as under the
+    overlap scheduler) probes took ~6% of the time; with `probe_share` each
+    waits until its extra time is at most that share of the time since the
+    last probe. Both probe widths still run."""
+    rng = random.Random(4)
+    bs, rates = 64, [0.3] * 7
+    policy = make_policy(probe_share=share, probe_length=2, trial_steps=0)
+    executed = run(policy, rates, bs, 6000, rng)
+    assert policy.width == 0
+    tail = executed[1000:]
+    extra = sum(true_cost(bs, w) - true_cost(bs, 0) for w in tail)
+    total = sum(true_cost(bs, w) for w in tail)
+    assert {w for w in tail if w > 0} == {2, B - 1}
+    if share is None:
+        assert extra / total > 0.045  # the test can tell
+    else:
+        assert extra / total <= 1.25 * share
 
 
 def test_probes_while_on_include_the_off_cost():
@@ -237,7 +260,8 @@ def test_off_cost_is_measured_early_in_a_new_batch_bucket():
     assert best_width_bruteforce(rates, real, 40, B - 1) == 0
     assert policy.width == 0, policy.snapshot()
     # Bounded: only a few early probes per bucket, then the ordinary interval.
-    on = SpeculationPolicy.from_profile(PolicyConfig(), B, profile())
+    # (No on/off trials here: a trial would run W = 0 for its own reasons.)
+    on = SpeculationPolicy.from_profile(PolicyConfig(trial_steps=0), B, profile())
     widths = []
     for _ in range(200):
         w = on.choose_width(40)
@@ -282,7 +306,9 @@ def test_stale_off_estimate_is_remeasured_when_the_decision_is_close(refresh, mo
 
     bs = 40
     high, low = uniform_rate_for_ratio(bs, 1.5, real), uniform_rate_for_ratio(bs, 0.87, real)
-    policy = make_policy()
+    # An on/off trial would re-measure W = 0 too; probes on the plain interval
+    # (probe_share None) keep the control's ordinary W = 0 probe where it was.
+    policy = make_policy(trial_steps=0, probe_share=None)
     rng = random.Random(3)
     executed = []
     for step in range(700):
@@ -343,10 +369,11 @@ def test_no_flapping_at_threshold_with_noise(spec_margin):
     best_on = max(true_thr(rates, bs, w) for w in range(1, B))
     assert best_on == pytest.approx((1 + spec_margin) * true_thr(rates, bs, 0), rel=1e-6)
     rng = random.Random(2)
-    policy = make_policy(spec_margin=spec_margin)
+    # probe_share None: every probe on the interval, in both (flapping follows probes).
+    policy = make_policy(spec_margin=spec_margin, probe_share=None)
     run(policy, rates, bs, 2000, rng, noise=0.05)
     naive = make_policy(spec_margin=spec_margin, switch_margin=0.0, urgent_margin=0.0,
-                        switch_patience=1)
+                        switch_patience=1, probe_share=None)
     run(naive, rates, bs, 2000, random.Random(2), noise=0.05)
     assert policy.switches <= 6, policy.snapshot()
     assert naive.switches > 3 * max(policy.switches, 1)  # the test would catch flapping
@@ -360,7 +387,8 @@ def test_spec_margin_keeps_off_unless_speculation_gains_more(gain, expect_on):
     bs = 32
     rates = [uniform_rate_at_threshold(bs, gain)] * (B - 1)
     for margin, on in ((0.1, expect_on), (0.0, True)):
-        policy = make_policy(spec_margin=margin, probe_interval=10, acceptance_half_life=400.0)
+        policy = make_policy(spec_margin=margin, probe_interval=10, acceptance_half_life=400.0,
+                             probe_share=None)  # every 10 steps, also the widest
         run(policy, rates, bs, 800, random.Random(6))
         assert (policy.width > 0) == on, (margin, gain, policy.snapshot())
 
@@ -744,6 +772,7 @@ def test_snapshot_is_json_and_reports_state():
 def test_config_validation_and_from_dict():
     cfg = PolicyConfig.from_dict({"mode": "adaptive", "widths": [0, 1, 3], "switch_margin": 0.1})
     assert cfg.widths == (0, 1, 3)
+    assert PolicyConfig.from_dict(json.loads('{"probe_share": null}')).probe_share is None
     with pytest.raises(ValueError, match=r"unknown config key\(s\) \['swich_margin'\]"):
         PolicyConfig.from_dict({"swich_margin": 0.1})
     bad = [
@@ -753,7 +782,8 @@ def test_config_validation_and_from_dict():
         {"prior_rate": 1.5}, {"cost_ema": 0.0}, {"cost_outlier_ratio": 1.0},
         {"widths": [3, 1]}, {"widths": []}, {"min_weight": float("nan")},
         {"pad_batch_to_profile": 1}, {"spec_margin": -0.05}, {"spec_margin": 1.0},
-        {"load_window": -1}, {"load_window": 2.5},
+        {"load_window": -1}, {"load_window": 2.5}, {"probe_share": 0}, {"probe_share": 1.5},
+        {"trial_steps": 4}, {"trial_close": -0.1},
     ]
     for overrides in bad:
         with pytest.raises(ValueError, match="speculation policy"):

@@ -67,3 +67,25 @@ def test_step_clock_under_overlap_needs_the_same_width_twice():
     # period holds that step's result processing); the first step after a
     # prefill processes the prefill's result, so the second is the first sample.
     assert _run(clock, events) == [(7, 8, 0.1), (0, 8, 0.05), (0, 8, 0.05), (7, 8, 0.1)]
+
+
+def test_step_clock_reports_every_closed_period_for_served_throughput():
+    """`last_period` is each decode step's wall time, also where the period is
+    no cost sample (under overlap), and None after idle time or a prefill."""
+    clock = StepClock(overlap=True)
+    periods = []
+    events = [("decode", (8, 7), 0.0), ("decode", (8, 0), 0.1), ("decode", (8, 0), 0.15),
+              ("prefill", False, 0.2), ("decode", (8, 0), 0.3), ("prefill", True, 5.0),
+              ("decode", (8, 0), 5.1), ("decode", (8, 0), 5.12)]
+    for kind, arg, now in events:
+        if kind == "decode":
+            sample = clock.decode_started(arg[0], now)
+            clock.ran(arg[1])
+        else:
+            sample = clock.prefill_started(now, idle_before=arg)
+        periods.append(None if clock.last_period is None else round(clock.last_period, 9))
+        if sample is not None:
+            assert sample.seconds == clock.last_period
+    # W = 7 then W = 0: no sample (overlap), but a period; the prefill closes
+    # the W = 0 step; after the prefill no decode period is open; idle: none.
+    assert periods == [None, 0.1, 0.05, 0.05, None, None, None, 0.02]

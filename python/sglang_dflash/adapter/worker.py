@@ -88,9 +88,10 @@ class DFlashWorker(BaseSpecWorker):
         # target sampler's stream (dflash.md §4.5 item 3).
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(get_spec_seed(server_args)))
-        # (width, batch size) of decode steps awaiting their accept counts: with
-        # the overlap scheduler, step N's counts arrive after step N+1 launched.
-        self._pending_steps: deque[tuple[int, int]] = deque(maxlen=8)
+        # (width, batch size, policy step) of decode steps awaiting their accept
+        # counts: with the overlap scheduler, step N's counts arrive after step
+        # N+1 launched.
+        self._pending_steps: deque[tuple[int, int, int]] = deque(maxlen=8)
         self._offsets = torch.arange(self.block_size, dtype=torch.int64, device=self.device)
         self.overlap_schedule = not get_schedule().disable_overlap_schedule
         self.clock = StepClock(self.overlap_schedule)  # decode step periods for the cost model
@@ -221,7 +222,9 @@ class DFlashWorker(BaseSpecWorker):
         width = self.policy.choose_width(bs)  # verified drafts this step; 0 = plain decode
         self.clock.ran(width)
         if self._trace is not None:
-            self._trace_line(now, "decode", bs, width, sample, decided=self.policy.width)
+            trials = self.policy.trials
+            self._trace_line(now, "decode", bs, width, sample, decided=self.policy.width,
+                             trial=trials is not None and trials.trial is not None)
         num_verify = width + 1
         anchor = draft_input.bonus_tokens.to(torch.int64)
         positions = prefix.unsqueeze(1) + self._offsets[:num_verify]  # [bs, W+1] the verify rows
@@ -260,7 +263,7 @@ class DFlashWorker(BaseSpecWorker):
         logits_output.hidden_states = None
         tokens = torch.full((bs, self.block_size), PAD_TOKEN_ID, dtype=torch.int64, device=self.device)
         tokens[:, :num_verify] = result.tokens
-        self._pending_steps.append((width, bs))
+        self._pending_steps.append((width, bs, self.policy.steps - 1))
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=tokens.reshape(-1),
@@ -291,25 +294,29 @@ class DFlashWorker(BaseSpecWorker):
         step = self._pop_pending(len(accepted))
         if step is None:
             return
-        width, bs = step
+        width, bs, index = step
         self.stats.observe(width, accepted)
         if width == 0:
-            self.policy.observe_plain(None, bs)
+            self.policy.observe_plain(None, bs, step=index)
         else:
-            self.policy.observe_verify(width, accepted, None, bs)
+            self.policy.observe_verify(width, accepted, None, bs, step=index)
 
     def _pop_pending(self, bs):
         """The oldest decode step awaiting feedback, in launch order. A step whose
         result the scheduler never processed (none seen so far) would show as a
         batch-size mismatch: skip such entries rather than misattribute counts."""
         while self._pending_steps:
-            width, step_bs = self._pending_steps.popleft()
-            if step_bs == bs:
-                return width, step_bs
+            step = self._pending_steps.popleft()
+            if step[1] == bs:
+                return step
         return None
 
     def _record(self, sample):
-        """Feed a timed decode step period (StepClock) to the policy and the counters."""
+        """Feed a closed decode step period (StepClock) to the policy: every
+        period to its regime trials, timed samples also to the cost model and
+        the counters."""
+        if self.clock.last_period is not None:
+            self.policy.observe_period(self.clock.last_period)
         if sample is None:
             return
         self.stats.time_step(sample.width, sample.seconds)

@@ -1,0 +1,249 @@
+"""Regime trials: calibrate the policy's on-versus-off comparison by measurement.
+
+The policy's step model compares widths at the batch it sees, from step costs
+it times. Served end to end, that comparison leaned toward speculation by
+~10-20% at concurrency 16-64 on the CPU engine (benchmark/RESULTS.md,
+grid-eos-refresh): under a fixed number of clients (a closed loop) speculating
+finishes requests in fewer steps, so more clients sit outside the decode batch
+(prefill, round trip) and the batch shrinks, and plain decoding amortizes its
+step over the batch far better than a wide verify does (chat at concurrency 32
+decoded at a mean batch of 20.6 always-on against 24.7 off); and some step
+periods the cost model never takes as samples cost more at W > 0 (under the
+overlap scheduler the decode step after a prefill, ~15% more).
+
+So where the model calls on and off close, this module measures them. A trial
+runs the other regime for `steps` decode steps and compares the decode
+throughput of its second half (committed tokens per second of decode step
+periods; the first half lets the batch settle) with the same number of steps
+just before it, in the regime the server was in. The measured on/off ratio over
+the model's own ratio on those steps is the trial's bias; the policy multiplies
+its throughput predictions for every W > 0 by the mean bias of the last
+`_MEMORY` trials. The model still chooses per step (a batch that dips or
+swells still gets its own width), only its on/off scale is corrected.
+
+When trials run: while the corrected ratio (best W > 0 over W = 0) is within
+(1 / (1 + `close`), 1 + `close`), after the policy's regime held for `steps`
+steps, on a batch that stayed within a factor 1.5 for the baseline; then
+again after `every` steps, or after `steps` when the load moved (the batch
+left a factor 1.5 of the last trial's, or the model's ratio moved by more
+than 15%; the memory then restarts), and never more than 1 / _SHARE of the
+decode time (by the next trial's expected length). While the policy runs off
+a trial runs only where a measured bias is what keeps it off and the model
+alone would run on: the model errs toward speculation, so where it calls off
+ahead, off is ahead, and a trial of a wide verify at a large batch costs
+several plain steps per step. A trial whose measured half ramped or drained
+(a batch outside a factor 1.5 of the baseline's last), or whose steps were
+not fed (idle), gives no evidence.
+
+Why prefill time is left out: each request is prefilled once in either regime,
+so prefill costs the same per committed token and would only add noise (a
+64-step window holds 0-10 prefills). Everything here is host-side arithmetic on
+lists the worker already has; nothing touches a device tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+_LAG = 4  # steps a trial runs past its measured part: the accept counts arrive late
+_MOVE_BS = 1.5  # the batch moved: a re-trial is due (and a baseline must stay within it)
+_MOVE_RATIO = 1.15  # ... or the model's on/off ratio moved by this factor
+_MEMORY = 3  # trials averaged into the bias
+_SHARE = 16  # trials take at most 1 / _SHARE of the decode time (a due trial waits)
+
+
+@dataclass(frozen=True, slots=True)
+class TrialConfig:
+    steps: int  # decode steps per trial; its second half is measured
+    every: int  # steps from one trial's end to the next while the load holds
+    close: float  # trials run while the corrected on/off ratio is in (1 / (1 + close), 1 + close)
+    margin: float  # the policy's switch margin: the model alone runs on above 1 + margin
+
+
+@dataclass(slots=True)
+class _Trial:
+    on: bool  # the regime the trial runs: True = speculation (W > 0), False = off
+    start: int  # first step of the trial
+    base_start: int  # first step of the baseline (the steps before the trial)
+    fresh: bool  # the load moved: this trial restarts the memory
+
+
+class RegimeTrials:
+    """Runs on/off trials and keeps the bias they measured.
+
+    Per step the policy calls `regime(step, ratio, on, batch_size)` with the
+    model's uncorrected best-on/off throughput ratio and its own regime, and
+    gets the regime a running trial imposes, or None: then it decides with its
+    W > 0 throughputs multiplied by `bias`. `tokens(step, n)` and
+    `period(step, seconds)` feed each executed step's committed tokens and
+    period, late and in any order.
+    """
+
+    def __init__(self, cfg: TrialConfig) -> None:
+        self.cfg = cfg
+        self.trial: _Trial | None = None
+        self.trials = 0  # trials evaluated
+        self.trial_steps = 0  # steps run inside trials
+        self.log_bias: deque[float] = deque(maxlen=_MEMORY)  # per trial: log(measured / model)
+        self.last_measured: float | None = None  # the last trial's measured on/off ratio
+        self._ended: int | None = None  # step at which the last trial ended
+        self._clock = 0.0  # decode seconds fed so far
+        self._ended_clock = 0.0  # ... when the last trial ended
+        self._context: tuple[int, float] | None = None  # (batch, model ratio) at the last trial
+        self._since_change = 0  # steps the policy's regime has held
+        self._last_on: bool | None = None
+        # step -> [committed tokens, period seconds, batch size, model ratio] of
+        # recent steps (tokens and period None until fed)
+        self._steps: dict[int, list] = {}
+        self._window = 2 * cfg.steps + _LAG + 8
+
+    @property
+    def bias(self) -> float:
+        """Measured over predicted on/off throughput ratio (1 before any trial)."""
+        if not self.log_bias:
+            return 1.0
+        return math.exp(sum(self.log_bias) / len(self.log_bias))
+
+    # -- feedback ---------------------------------------------------------
+
+    def tokens(self, step: int, committed: int) -> None:
+        row = self._steps.get(step)
+        if row is not None:
+            row[0] = committed
+
+    def period(self, step: int, seconds: float) -> None:
+        self._clock += seconds
+        row = self._steps.get(step)
+        if row is not None:
+            row[1] = seconds
+
+    # -- decision ---------------------------------------------------------
+
+    def regime(self, step: int, ratio: float, on: bool, batch_size: int,
+               cost_ratio: float = 1.0) -> bool | None:
+        """The regime step `step` must run in (True = on), or None outside trials.
+
+        ratio: the model's best W > 0 throughput over W = 0's at this batch,
+        before the bias; on: the regime the policy is in; cost_ratio: the
+        model's step time of that width over W = 0's (how long a trial lasts)."""
+        self._remember(step, batch_size, ratio)
+        self._since_change = self._since_change + 1 if on == self._last_on else 1
+        self._last_on = on
+        c = self.cfg
+        if self.trial is not None:
+            if step < self.trial.start + c.steps + _LAG:
+                self.trial_steps += 1
+                return self.trial.on
+            self._evaluate(step, ratio, batch_size)
+            return None
+        corrected = ratio * self.bias
+        if not 1.0 / (1.0 + c.close) < corrected < 1.0 + c.close:
+            return None
+        if not on and (ratio <= 1.0 + c.margin or self.bias >= 1.0):
+            return None  # off by the model's own judgement (which errs toward on): no check
+        if self._since_change < c.steps:
+            return None  # the regime has not held long enough for a baseline
+        due, fresh = self._due(step, ratio, batch_size)
+        if not due or not self._steady(step - c.steps // 2, step, batch_size):
+            return None
+        if self._ended is not None:  # trials take at most 1 / _SHARE of the decode time
+            wait = (_SHARE - 1) * self._duration(step, not on, cost_ratio)
+            if self._clock - self._ended_clock < wait:
+                return None
+        self.trial = _Trial(not on, step, step - c.steps // 2, fresh)
+        self.trial_steps += 1
+        return self.trial.on
+
+    def _due(self, step: int, ratio: float, batch_size: int) -> tuple[bool, bool]:
+        """(a trial is due, because the load moved: the memory restarts)."""
+        if self._context is None:
+            return True, True
+        since = step - self._ended
+        bs, r = self._context
+        moved = not (bs / _MOVE_BS <= batch_size <= bs * _MOVE_BS) or \
+            abs(math.log(ratio / r)) > math.log(_MOVE_RATIO)
+        if moved and since >= self.cfg.steps:
+            return True, True
+        return since >= self.cfg.every, False
+
+    def _duration(self, step: int, trial_on: bool, cost_ratio: float) -> float:
+        """Decode seconds a trial starting now would last: its steps at the
+        baseline's mean period, scaled by the model's step-time ratio (a trial
+        of speculation at a large batch lasts several times one of off)."""
+        c = self.cfg
+        periods = [r[1] for s in range(step - c.steps // 2, step)
+                   if (r := self._steps.get(s)) is not None and r[1] is not None]
+        if not periods:
+            return 0.0
+        scale = cost_ratio if trial_on else 1.0 / cost_ratio
+        return (c.steps + _LAG) * sum(periods) / len(periods) * scale
+
+    def _steady(self, first: int, end: int, batch_size: int) -> bool:
+        """Every step in [first, end) ran at a batch within a factor _MOVE_BS of
+        `batch_size` (not a ramp, a drain or a burst)."""
+        lo, hi = batch_size / _MOVE_BS, batch_size * _MOVE_BS
+        for s in range(first, end):
+            row = self._steps.get(s)
+            if row is None or not lo <= row[2] <= hi:
+                return False
+        return True
+
+    def _evaluate(self, step: int, ratio: float, batch_size: int) -> None:
+        t, c = self.trial, self.cfg
+        self.trial, self._ended, self._ended_clock = None, step, self._clock
+        self._context = (batch_size, ratio)
+        end = t.start + c.steps
+        trial = self._measure(end - c.steps // 2, end)
+        base = self._measure(t.base_start, t.start)
+        if trial is None or base is None:
+            return  # too few steps fed (idle gaps): no evidence either way
+        before = self._steps.get(t.start - 1)
+        if before is None or not self._steady(end - c.steps // 2, end, before[2]):
+            return  # the load ramped or drained during the trial: not the same load
+        (on_thr, on_model), (off_thr, off_model) = (trial, base) if t.on else (base, trial)
+        measured = on_thr / off_thr
+        # The model's ratio over the same steps: geometric mean of both halves.
+        predicted = math.sqrt(on_model * off_model)
+        if t.fresh:
+            self.log_bias.clear()
+        self.log_bias.append(math.log(measured / predicted))
+        self.last_measured = measured
+        self.trials += 1
+
+    def _measure(self, first: int, end: int) -> tuple[float, float] | None:
+        """(committed tokens per second, geometric mean model ratio) over the
+        fed steps in [first, end); None when fewer than half were fed."""
+        tokens = seconds = log_ratio = 0.0
+        fed = 0
+        for s in range(first, end):
+            row = self._steps.get(s)
+            if row is None or row[0] is None or row[1] is None:
+                continue
+            tokens += row[0]
+            seconds += row[1]
+            log_ratio += math.log(row[3])
+            fed += 1
+        if fed * 2 < end - first or seconds <= 0 or tokens <= 0:
+            return None
+        return tokens / seconds, math.exp(log_ratio / fed)
+
+    def _remember(self, step: int, batch_size: int, ratio: float) -> None:
+        self._steps[step] = [None, None, batch_size, ratio]
+        old = step - self._window
+        self._steps.pop(old, None)
+        if len(self._steps) > self._window + 1:  # steps were skipped: prune by age
+            for s in [s for s in self._steps if s <= old]:
+                del self._steps[s]
+
+    def snapshot(self) -> dict:
+        return {
+            "bias": round(self.bias, 4),
+            "in_trial": self.trial is not None,
+            "trials": self.trials,
+            "trial_steps": self.trial_steps,
+            "last_measured_on_over_off": None if self.last_measured is None
+            else round(self.last_measured, 4),
+            "log_bias": [round(x, 4) for x in self.log_bias],
+        }
