@@ -23,11 +23,12 @@ swells still gets its own width), only its on/off scale is corrected.
 
 When trials run: while the corrected ratio (best W > 0 over W = 0) is within
 (1 / (1 + `close`), 1 + `close`), after the policy's regime held for `steps`
-steps, on a batch that stayed within a factor 1.5 for the baseline; then
-again after `every` steps, or after `steps` when the load moved (the batch
-left a factor 1.5 of the last trial's, or the model's ratio moved by more
-than 15%; the memory then restarts), and never more than 1 / _SHARE of the
-decode time (by the next trial's expected length). While the policy runs off
+steps, on a batch that stayed within a factor 1.5 for the baseline; at the
+same load again after `every` steps and never more than 1 / _SHARE of the
+decode time (by the next trial's expected length). A bias belongs to a load:
+once the batch stays outside a factor 1.5 of the one it was measured at for
+half a trial (not a drain or a dip), it is dropped, the model alone decides,
+and the next trial measures the new load. While the policy runs off
 a trial runs only where a measured bias is what keeps it off and the model
 alone would run on: the model errs toward speculation, so where it calls off
 ahead, off is ahead, and a trial of a wide verify at a large batch costs
@@ -48,8 +49,7 @@ from collections import deque
 from dataclasses import dataclass
 
 _LAG = 4  # steps a trial runs past its measured part: the accept counts arrive late
-_MOVE_BS = 1.5  # the batch moved: a re-trial is due (and a baseline must stay within it)
-_MOVE_RATIO = 1.15  # ... or the model's on/off ratio moved by this factor
+_MOVE_BS = 1.5  # a batch outside this factor of the last trial's is another load
 _MEMORY = 3  # trials averaged into the bias
 _SHARE = 16  # trials take at most 1 / _SHARE of the decode time (a due trial waits)
 
@@ -67,7 +67,6 @@ class _Trial:
     on: bool  # the regime the trial runs: True = speculation (W > 0), False = off
     start: int  # first step of the trial
     base_start: int  # first step of the baseline (the steps before the trial)
-    fresh: bool  # the load moved: this trial restarts the memory
 
 
 class RegimeTrials:
@@ -91,7 +90,8 @@ class RegimeTrials:
         self._ended: int | None = None  # step at which the last trial ended
         self._clock = 0.0  # decode seconds fed so far
         self._ended_clock = 0.0  # ... when the last trial ended
-        self._context: tuple[int, float] | None = None  # (batch, model ratio) at the last trial
+        self._load: int | None = None  # the batch the bias was measured at (None: no bias)
+        self._moved = 0  # consecutive steps the batch has been outside a factor _MOVE_BS of it
         self._since_change = 0  # steps the policy's regime has held
         self._last_on: bool | None = None
         # step -> [committed tokens, period seconds, batch size, model ratio] of
@@ -136,8 +136,9 @@ class RegimeTrials:
             if step < self.trial.start + c.steps + _LAG:
                 self.trial_steps += 1
                 return self.trial.on
-            self._evaluate(step, ratio, batch_size)
+            self._evaluate(step, batch_size)
             return None
+        self._follow_load(batch_size)
         corrected = ratio * self.bias
         if not 1.0 / (1.0 + c.close) < corrected < 1.0 + c.close:
             return None
@@ -145,28 +146,31 @@ class RegimeTrials:
             return None  # off by the model's own judgement (which errs toward on): no check
         if self._since_change < c.steps:
             return None  # the regime has not held long enough for a baseline
-        due, fresh = self._due(step, ratio, batch_size)
-        if not due or not self._steady(step - c.steps // 2, step, batch_size):
+        if not self._steady(step - c.steps // 2, step, batch_size):
             return None
-        if self._ended is not None:  # trials take at most 1 / _SHARE of the decode time
+        if self._load is not None:  # the same load as the last trial: not yet again
+            if step - self._ended < c.every:
+                return None
             wait = (_SHARE - 1) * self._duration(step, not on, cost_ratio)
             if self._clock - self._ended_clock < wait:
-                return None
-        self.trial = _Trial(not on, step, step - c.steps // 2, fresh)
+                return None  # trials take at most 1 / _SHARE of the decode time
+        self.trial = _Trial(not on, step, step - c.steps // 2)
         self.trial_steps += 1
         return self.trial.on
 
-    def _due(self, step: int, ratio: float, batch_size: int) -> tuple[bool, bool]:
-        """(a trial is due, because the load moved: the memory restarts)."""
-        if self._context is None:
-            return True, True
-        since = step - self._ended
-        bs, r = self._context
-        moved = not (bs / _MOVE_BS <= batch_size <= bs * _MOVE_BS) or \
-            abs(math.log(ratio / r)) > math.log(_MOVE_RATIO)
-        if moved and since >= self.cfg.steps:
-            return True, True
-        return since >= self.cfg.every, False
+    def _follow_load(self, batch_size: int) -> None:
+        """Drop the bias once the batch has stayed outside a factor _MOVE_BS of
+        the one it was measured at for half a trial: another load (another
+        share of clients outside the batch, another prefill rate) needs its
+        own measurement, and until then the model alone decides. Not for a
+        drain or a dip: those pass within half a trial."""
+        if self._load is None:
+            return
+        inside = self._load / _MOVE_BS <= batch_size <= self._load * _MOVE_BS
+        self._moved = 0 if inside else self._moved + 1
+        if self._moved >= self.cfg.steps // 2:
+            self.log_bias.clear()
+            self._load, self._moved = None, 0
 
     def _duration(self, step: int, trial_on: bool, cost_ratio: float) -> float:
         """Decode seconds a trial starting now would last: its steps at the
@@ -190,10 +194,9 @@ class RegimeTrials:
                 return False
         return True
 
-    def _evaluate(self, step: int, ratio: float, batch_size: int) -> None:
+    def _evaluate(self, step: int, batch_size: int) -> None:
         t, c = self.trial, self.cfg
         self.trial, self._ended, self._ended_clock = None, step, self._clock
-        self._context = (batch_size, ratio)
         end = t.start + c.steps
         trial = self._measure(end - c.steps // 2, end)
         base = self._measure(t.base_start, t.start)
@@ -206,8 +209,9 @@ class RegimeTrials:
         measured = on_thr / off_thr
         # The model's ratio over the same steps: geometric mean of both halves.
         predicted = math.sqrt(on_model * off_model)
-        if t.fresh:
-            self.log_bias.clear()
+        if self._load is None or not self._load / _MOVE_BS <= batch_size <= self._load * _MOVE_BS:
+            self.log_bias.clear()  # the first trial of this load
+        self._load, self._moved = batch_size, 0
         self.log_bias.append(math.log(measured / predicted))
         self.last_measured = measured
         self.trials += 1

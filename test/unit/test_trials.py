@@ -224,13 +224,17 @@ def test_a_noisy_trial_is_averaged_with_the_last_ones():
     assert trials.bias == pytest.approx(1000 / 1150 / 1.1, rel=0.05)
 
 
-def test_a_load_move_restarts_the_memory_after_one_trial_length():
+def test_a_bias_belongs_to_its_load():
     trials = RegimeTrials(CFG)
     drive(trials, 1300, 0, on=True, thr_on=1000.0, thr_off=1200.0)
     assert trials.trials == 2 and len(trials.log_bias) == 2
-    # The batch doubles: the next trial restarts the memory.
-    drive(trials, 1300, 1300, on=True, thr_on=1000.0, thr_off=900.0, bs=64)
-    assert trials.trials == 3 and len(trials.log_bias) == 1
+    # A dip or a drain shorter than half a trial keeps the bias ...
+    drive(trials, 20, 1300, on=True, thr_on=1000.0, thr_off=1200.0, bs=4)
+    assert len(trials.log_bias) == 2
+    # ... a batch that stays at twice the size drops it at once, and the next
+    # trial (not `every` steps later) measures the new load.
+    ran = drive(trials, 300, 1320, on=True, thr_on=1000.0, thr_off=900.0, bs=64)
+    assert trials.trials == 3 and len(trials.log_bias) == 1 and not all(ran)
     assert trials.last_measured == pytest.approx(1000 / 900)
 
 
