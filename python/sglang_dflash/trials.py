@@ -146,14 +146,15 @@ class RegimeTrials:
             return None  # off by the model's own judgement (which errs toward on): no check
         if self._since_change < c.steps:
             return None  # the regime has not held long enough for a baseline
+        same_load = self._load is not None
+        if same_load and step - self._ended < c.every:
+            return None  # the same load as the last trial: not yet again
         if not self._steady(step - c.steps // 2, step, batch_size):
             return None
-        if self._load is not None:  # the same load as the last trial: not yet again
-            if step - self._ended < c.every:
-                return None
+        if same_load:  # trials take at most 1 / _SHARE of the decode time
             wait = (_SHARE - 1) * self._duration(step, not on, cost_ratio)
             if self._clock - self._ended_clock < wait:
-                return None  # trials take at most 1 / _SHARE of the decode time
+                return None
         self.trial = _Trial(not on, step, step - c.steps // 2)
         self.trial_steps += 1
         return self.trial.on
