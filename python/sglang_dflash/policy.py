@@ -144,7 +144,7 @@ class PolicyConfig:
     pad_batch_to_profile: bool = False  # cost of bs = cost of the next profiled bs (graph padding)
     trial_steps: int = 128  # steps of an on/off trial (trials.py); 0 = no trials, no bias
     trial_every: int = 1024  # steps between trials while the load holds
-    trial_close: float = 0.30  # trials run while corrected best-on/off is in (1/(1+this), 1+this)
+    trial_close: float = 0.15  # trials run while corrected best-on/off is in (1/(1+this), 1+this)
 
     def __post_init__(self) -> None:
         if self.widths is not None:

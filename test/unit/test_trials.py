@@ -105,13 +105,13 @@ def static(mode):
     return SpeculationPolicy(PolicyConfig(mode=mode), B)
 
 
-def serve_all(**load):
+def serve_all(policy_overrides=None, **load):
     """Tokens/s of always-on, off, the step model alone and the model with
     trials on the same simulated load, and the policy with trials."""
     on = closed_loop(static("on"), **load)
     off = closed_loop(static("off"), **load)
     alone = closed_loop(make_policy(trial_steps=0), **load)
-    policy = make_policy()
+    policy = make_policy(**(policy_overrides or {}))
     return on, off, alone, closed_loop(policy, **load), policy
 
 
@@ -138,10 +138,13 @@ KEEP = [dict(clients=8, rate=0.74), dict(clients=16, rate=0.85)]
 
 @pytest.mark.parametrize("load", KEEP)
 def test_trials_keep_speculation_where_it_serves_more(load):
+    # The model puts speculation 20-40% ahead here: no trial at the default
+    # trial_close (0.15); with 0.3 the trials run, confirm it, and cost little.
     on, off, alone, adaptive, policy = serve_all(seconds=60.0, **load)
-    assert on > 1.1 * off
-    assert policy.trials.trials >= 1  # the model called it close: it was checked
-    assert adaptive >= 0.97 * max(on, off, alone)  # and the checks cost little
+    assert on > 1.1 * off and policy.trials.trials == 0 and adaptive == alone
+    on, off, alone, adaptive, policy = serve_all({"trial_close": 0.3}, seconds=60.0, **load)
+    assert policy.trials.trials >= 1
+    assert adaptive >= 0.97 * max(on, off, alone)
     assert policy.trials.bias > 0.9
 
 
