@@ -34,7 +34,8 @@ alone would run on: the model errs toward speculation, so where it calls off
 ahead, off is ahead, and a trial of a wide verify at a large batch costs
 several plain steps per step. A trial whose measured half ramped or drained
 (a batch outside a factor 1.5 of the baseline's last), or whose steps were
-not fed (idle), gives no evidence.
+not fed (idle), gives no evidence; one whose batch leaves a factor 2 of its
+start (the end of a load) stops at once.
 
 Why prefill time is left out: each request is prefilled once in either regime,
 so prefill costs the same per committed token and would only add noise (a
@@ -50,6 +51,7 @@ from dataclasses import dataclass
 
 _LAG = 4  # steps a trial runs past its measured part: the accept counts arrive late
 _MOVE_BS = 1.5  # a batch outside this factor of the last trial's is another load
+_DRAIN_BS = 2.0  # a running trial stops when the batch leaves this factor of its start
 _MEMORY = 3  # trials averaged into the bias
 _SHARE = 16  # trials take at most 1 / _SHARE of the decode time (a due trial waits)
 
@@ -133,6 +135,15 @@ class RegimeTrials:
         self._last_on = on
         c = self.cfg
         if self.trial is not None:
+            start_bs = self._steps[self.trial.start][2]
+            if not start_bs / _DRAIN_BS <= batch_size <= start_bs * _DRAIN_BS:
+                # The load drains (or bursts) under the trial: its measure would
+                # not be this load's, and the drain's last requests would wait
+                # on the trial's regime (off at batch 4 is ~3x slower per request).
+                # A wider band than _MOVE_BS: the trial's own regime moves the
+                # batch too (off lets it grow, on shrinks it).
+                self.trial, self._ended, self._ended_clock = None, step, self._clock
+                return None
             if step < self.trial.start + c.steps + _LAG:
                 self.trial_steps += 1
                 return self.trial.on

@@ -270,14 +270,19 @@ def test_trial_config_validation():
     assert make_policy(widths=[1, 3, 7]).trials is None  # W = 0 is no candidate: nothing to compare
 
 
-def test_a_trial_during_a_drain_gives_no_evidence():
+def test_a_drain_ends_a_trial_without_evidence():
     """The load ends while a trial runs (the batch drains from 32 to 1): the
-    trial's throughput is not the same load's, so the bias stays."""
+    trial stops as soon as the batch leaves a factor 2 of its start (the
+    drain's last requests must not wait on the trial's regime), and the bias
+    stays."""
     trials = RegimeTrials(CFG)
     drive(trials, 63, 0, on=True, thr_on=1000.0, thr_off=1200.0)
-    for s in range(63, 63 + 64 + _LAG + 1):
+    ran = []
+    for s in range(63, 63 + 40):
         bs = max(1, 32 - (s - 63))
-        trials.regime(s, 1.1, True, bs)
+        ran.append(trials.regime(s, 1.1, True, bs))
         trials.tokens(s, bs)
         trials.period(s, 0.01)
+    assert ran[0] is False and ran.index(None) == 17  # bs 15 < 32 / 2: the trial is over
+    assert ran[17:] == [None] * 23
     assert trials.trial is None and trials.trials == 0 and trials.bias == 1.0
