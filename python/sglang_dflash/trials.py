@@ -136,7 +136,7 @@ class RegimeTrials:
         c = self.cfg
         if self.trial is not None:
             start_bs = self._steps[self.trial.start][2]
-            if not start_bs / _DRAIN_BS <= batch_size <= start_bs * _DRAIN_BS:
+            if not _near(batch_size, start_bs, _DRAIN_BS):
                 # The load drains (or bursts) under the trial: its measure would
                 # not be this load's, and the drain's last requests would wait
                 # on the trial's regime (off at batch 4 is ~3x slower per request).
@@ -178,7 +178,7 @@ class RegimeTrials:
         drain or a dip: those pass within half a trial."""
         if self._load is None:
             return
-        inside = self._load / _MOVE_BS <= batch_size <= self._load * _MOVE_BS
+        inside = _near(batch_size, self._load, _MOVE_BS)
         self._moved = 0 if inside else self._moved + 1
         if self._moved >= self.cfg.steps // 2:
             self.log_bias.clear()
@@ -199,10 +199,9 @@ class RegimeTrials:
     def _steady(self, first: int, end: int, batch_size: int) -> bool:
         """Every step in [first, end) ran at a batch within a factor _MOVE_BS of
         `batch_size` (not a ramp, a drain or a burst)."""
-        lo, hi = batch_size / _MOVE_BS, batch_size * _MOVE_BS
         for s in range(first, end):
             row = self._steps.get(s)
-            if row is None or not lo <= row[2] <= hi:
+            if row is None or not _near(row[2], batch_size, _MOVE_BS):
                 return False
         return True
 
@@ -221,7 +220,7 @@ class RegimeTrials:
         measured = on_thr / off_thr
         # The model's ratio over the same steps: geometric mean of both halves.
         predicted = math.sqrt(on_model * off_model)
-        if self._load is None or not self._load / _MOVE_BS <= batch_size <= self._load * _MOVE_BS:
+        if self._load is None or not _near(batch_size, self._load, _MOVE_BS):
             self.log_bias.clear()  # the first trial of this load
         self._load, self._moved = batch_size, 0
         self.log_bias.append(math.log(measured / predicted))
@@ -263,3 +262,8 @@ class RegimeTrials:
             else round(self.last_measured, 4),
             "log_bias": [round(x, 4) for x in self.log_bias],
         }
+
+
+def _near(batch_size: int, reference: float, factor: float) -> bool:
+    """`batch_size` within a factor `factor` of `reference` (both ways)."""
+    return reference / factor <= batch_size <= reference * factor
