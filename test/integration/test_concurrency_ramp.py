@@ -82,6 +82,28 @@ def test_ramp_greedy_identical_across_width_changes(pair, monkeypatch):
         assert by_width[0] > sum(by_width[1:]) > 0, by_width
         assert 0 < state["spec_on_ratio"] < 0.5
     else:
-        # Speculation pays with the trained drafter: mostly on, at several widths.
-        assert state["spec_on_ratio"] > 0.5
+        # Speculation pays with the trained drafter where the device has room:
+        # at concurrency 1 and 4 most tokens come from verified drafts. No claim
+        # at 16-32: on a 2-core CPU host the demo pair is at or past break-even
+        # there (measured in this test: a W = 7 step 25 ms against 6.3 ms off at
+        # bs 16 with ~4 tokens committed per verify, a tie; at bs 32 off ~20%
+        # ahead), and an off phase takes ~4x the steps of an on one, so the
+        # server-wide step ratio says nothing about the policy's choice.
+        per_step = {name: _tokens_per_step(run) for name, run in spec.items()}
+        print("tokens per decode step by phase:", per_step)
+        for name, value in per_step.items():
+            if name.endswith(("-c1", "-c4")):
+                assert value > _ON_TOKENS_PER_STEP, (name, per_step)
         assert sum(1 for n in by_width[1:] if n) >= 2, by_width
+
+
+# A mostly-off request commits ~1 token per decode step; the demo drafter on
+# commits ~4.5 per verify (W = 7), less the policy's probes at W = 0.
+_ON_TOKENS_PER_STEP = 2.5
+
+
+def _tokens_per_step(run):
+    """Completion tokens per decode step over a run's requests (SGLang counts
+    every decode step of a request in `spec_verify_ct`, off steps included)."""
+    meta = [r["meta_info"] for r in run["results"]]
+    return sum(m["completion_tokens"] for m in meta) / sum(m["spec_verify_ct"] for m in meta)
