@@ -983,36 +983,14 @@ class SpeculationPolicy:
             self._switch(self.widths[best])
 
     def _maybe_probe(self, batch_size: int, thr: list[float]) -> int:
-        """Once every `self.probe_interval` steps run one step at another width
-        (the configured interval, doubled after each probe up to `probe_backoff`
-        times while the width and the batch-size bucket stay the same).
+        """The width this step runs: the decided one, or a probe's.
 
-        Off (W = 0): alternately at `probe_width` and at the widest
-        candidate, so the policy notices when speculation pays again and the
-        far end of the cost model is measured, not only taken from the
-        start-up profile (a profile taken on a busy host can be far off). On:
-        every 4th probe at W = 0, so the off cost is measured in every
-        batch-size bucket the server runs (it is mostly fixed overhead on a
-        CPU server, which a profile of the model's matmuls cannot see); the
-        others alternately one candidate wider (so the rate of the
-        first unverified position does not stay stale forever) and one
-        narrower (so the cost cell next to the current width is measured, not
-        only extrapolated from the profile); at the ends only the inner one.
-        A probe lasts `probe_length` steps.
-
-        On in a batch-size bucket whose off cost was never measured, the off
-        probe comes early (after interval / 8 steps, all in that bucket: not
-        for the one-step dips of a draining batch, bs 4 -> 3 while a finished
-        request is replaced, which spent 12 of a c4 cell's ~130 steps off in
-        bucket bs 2-3) and lasts two steps longer (more samples): until then
-        W = 0 is predicted by the bucket's affine fit, learned from wide steps
-        only, which charges it the wide steps' unexplained time (seen in the
-        serving grid: W = 0 predicted at 1.7x its real cost at bs 32, so
-        speculation stayed on where it lost 20%). At most `_EARLY_OFF_PROBES`
-        such probes per bucket, so a bucket whose steps never time cleanly
-        (prefill traffic) cannot keep it off. The same probe re-measures W = 0
-        later when its estimate has gone stale and the decision is close
-        (`_off_estimate_stale`).
+        A probe lasts `probe_length` steps (`_probe_left` counts the rest).
+        Two kinds start one: an off-cost refresh while on (`_off_refresh`), and
+        the periodic probe (`_periodic_probe`), once every `self.probe_interval`
+        steps (the configured interval, doubled after each probe up to
+        `probe_backoff` times while the width and the batch-size bucket stay
+        the same).
         """
         if self._probe_left > 0:
             self._probe_left -= 1
@@ -1021,36 +999,81 @@ class SpeculationPolicy:
         self._since_probe += 1
         if self.cfg.probe_interval == 0 or len(self.widths) == 1:
             return self.width
+        probe = self._off_refresh(batch_size, thr)
+        return self._periodic_probe(batch_size) if probe is None else probe
+
+    def _off_refresh(self, batch_size: int, thr: list[float]) -> int | None:
+        """While on, a W = 0 probe in a batch-size bucket whose off cost was
+        never measured (`_off_cost_unmeasured`) or has gone stale while the
+        decision is close (`_off_estimate_stale`); None if neither.
+
+        The unmeasured case comes early (after interval / 8 steps, all in that
+        bucket: not for the one-step dips of a draining batch, bs 4 -> 3 while
+        a finished request is replaced, which spent 12 of a c4 cell's ~130
+        steps off in bucket bs 2-3) and lasts two steps longer than a
+        periodic probe (more samples): until then W = 0 is predicted by the
+        bucket's affine fit, learned from wide steps only, which charges it the
+        wide steps' unexplained time (seen in the serving grid: W = 0 predicted
+        at 1.7x its real cost at bs 32, so speculation stayed on where it lost
+        20%). At most `_EARLY_OFF_PROBES` such probes per bucket, so a bucket
+        whose steps never time cleanly (prefill traffic) cannot keep it off.
+        """
         early = self._settle_steps()
-        if self._since_probe >= early and self._bucket_run >= early:
-            unmeasured = self._off_cost_unmeasured(batch_size)
-            if unmeasured or self._off_estimate_stale(batch_size, thr):
-                bucket = batch_size.bit_length()
-                if unmeasured:
-                    self._early_off_probes[bucket] = self._early_off_probes.get(bucket, 0) + 1
-                self._last_off_probe[bucket] = self.steps
-                return self._start_probe(0, self.cfg.probe_length + 2)
+        if self._since_probe < early or self._bucket_run < early:
+            return None
+        unmeasured = self._off_cost_unmeasured(batch_size)
+        if not (unmeasured or self._off_estimate_stale(batch_size, thr)):
+            return None
+        bucket = batch_size.bit_length()
+        if unmeasured:
+            self._early_off_probes[bucket] = self._early_off_probes.get(bucket, 0) + 1
+        self._last_off_probe[bucket] = self.steps
+        return self._start_probe(0, self.cfg.probe_length + 2)
+
+    def _periodic_probe(self, batch_size: int) -> int:
+        """Once the interval has passed, a probe at another width (or the
+        decided width if it must wait: `_probe_wait`).
+
+        Off (W = 0): alternately at `probe_width` and at the widest
+        candidate, so the policy notices when speculation pays again and the
+        far end of the cost model is measured, not only taken from the
+        start-up profile (a profile taken on a busy host can be far off). On:
+        see `_on_probe`.
+        """
         if self._since_probe < self.probe_interval:
             return self.width
-        i = self.widths.index(self.width)
-        wide, down_next = not self._probe_wide, not self._probe_down
-        off_cost = self.width > 0 and self.widths[0] == 0 and self._on_probes % 4 == 3
         if self.width == 0:
+            wide = not self._probe_wide
             probe = self.widths[-1] if wide else self.probe_width
-        elif off_cost:
-            probe = 0  # every 4th probe while on: measure the off cost in this bucket
         else:
-            down = (down_next and i > 0) or i == len(self.widths) - 1
-            probe = self.widths[i - 1] if down else self.widths[i + 1]
+            probe, down = self._on_probe()
         if self._since_probe < self._probe_wait(batch_size, probe):
             return self.width
         self._backoff = min(2 * self._backoff, self.cfg.probe_backoff)
         if self.width == 0:
             self._probe_wide = wide
         else:
-            self._probe_down = self._probe_down if off_cost else down_next
+            self._probe_down = down
             self._on_probes += 1
         return self._start_probe(probe, self.cfg.probe_length)
+
+    def _on_probe(self) -> tuple[int, bool]:
+        """While on: (the probe's width, the next value of `_probe_down`).
+
+        Every 4th probe at W = 0, so the off cost is measured in every
+        batch-size bucket the server runs (it is mostly fixed overhead on a
+        CPU server, which a profile of the model's matmuls cannot see); the
+        others alternately one candidate wider (so the rate of the first
+        unverified position does not stay stale forever) and one narrower (so
+        the cost cell next to the current width is measured, not only
+        extrapolated from the profile); at the ends only the inner one.
+        """
+        if self.widths[0] == 0 and self._on_probes % 4 == 3:
+            return 0, self._probe_down
+        i = self.widths.index(self.width)
+        down_next = not self._probe_down
+        down = (down_next and i > 0) or i == len(self.widths) - 1
+        return (self.widths[i - 1] if down else self.widths[i + 1]), down_next
 
     def _probe_wait(self, batch_size: int, probe: int) -> float:
         """Steps since the last probe before a probe at `probe` may run: its
