@@ -1,0 +1,154 @@
+"""What speculation off costs: plain decoding against DFLASH with the policy
+`off` (every step W = 0 through our worker), fixed-length decode, no HTTP.
+
+The serving grid measures the off path only inside a closed loop (prefills,
+EOS, HTTP, the client on the same cores). This isolates the decode step: one
+`sgl.Engine` per configuration in a subprocess, `--runs` batches of
+`batch_size` distinct prompts each decoding exactly `--new-tokens` tokens
+(ignore_eos); the first batch is a warm-up. Reported: decode tokens/s per
+batch (median over the batches of a repetition), off / plain per repetition.
+
+    python benchmark/off_path.py --batch-sizes 1,16,48 --repeats 2
+
+Each repetition starts plain first, then off (alternating the order would
+not remove the host's drift between engines; the ratio spread over
+repetitions shows it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from common import fmt, machine_info, now_iso, spread, update_section, versions  # noqa: E402
+
+ENGINE = dict(dtype="float32", device="cpu", attention_backend="torch_native",
+              sampling_backend="pytorch", disable_cuda_graph=True, max_total_tokens=32768,
+              mem_fraction_static=0.3, log_level="warning", random_seed=0)
+
+
+def _prompts(bs: int, words: int, run: int) -> list[str]:
+    """bs distinct prompts, unique per run (no radix-cache hits across runs);
+    with `words`, request i has words * (i % 4 + 1) / 4 words (lengths spread
+    4x, as a chat batch's are)."""
+    if words == 0:
+        return [f"Run {run}. Question {i}: what is {i} plus {i * 3}? Explain." for i in range(bs)]
+    return [f"Run {run}. " + " ".join(f"w{(i * 7 + j) % 97}" for j in range(words * (i % 4 + 1) // 4))
+            + f" story {i}" for i in range(bs)]
+
+
+def _engine_main(spec_path: str, out_path: str) -> None:
+    """Subprocess: one engine, the runs of one configuration, seconds per run."""
+    import time
+
+    from sglang_dflash import cpu_runtime
+
+    if not cpu_runtime.cuda_available():
+        cpu_runtime.activate()
+    import sglang as sgl
+
+    spec = json.load(open(spec_path))
+    engine = sgl.Engine(**spec["engine"])
+    seconds = []
+    try:
+        for run in range(spec["runs"]):
+            prompts = _prompts(spec["batch_size"], spec["words"], run)
+            t0 = time.perf_counter()
+            engine.generate(prompt=prompts, sampling_params={
+                "max_new_tokens": spec["new_tokens"], "temperature": 0.0, "ignore_eos": True})
+            seconds.append(time.perf_counter() - t0)
+    finally:
+        engine.shutdown()
+    json.dump({"seconds": seconds}, open(out_path, "w"))
+
+
+def _measure(config: str, target: str, drafter: str, bs: int, opts) -> float:
+    """Decode tokens/s of one configuration (median over its batches after the warm-up)."""
+    engine = {**ENGINE, "model_path": target}
+    env = dict(os.environ)
+    if opts.omp_threads:
+        env["OMP_NUM_THREADS"] = str(opts.omp_threads)
+    if config == "off":
+        engine.update(speculative_algorithm="DFLASH", speculative_draft_model_path=drafter)
+        env["SGLANG_DFLASH_POLICY"] = json.dumps({"mode": "off"})
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
+        json.dump({"engine": engine, "runs": opts.runs, "batch_size": bs, "words": opts.prompt_words,
+                   "new_tokens": opts.new_tokens}, open(spec_path, "w"))
+        proc = subprocess.run([sys.executable, __file__, "--engine", spec_path, out_path],
+                              capture_output=True, text=True, env=env, timeout=1800)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{config} bs {bs}: engine failed:\n{proc.stderr[-4000:]}")
+        seconds = json.load(open(out_path))["seconds"][1:]  # the first batch warms up
+    return bs * opts.new_tokens / statistics.median(seconds)
+
+
+def _table(rows: list[dict]) -> str:
+    lines = ["| batch | plain tok/s | off tok/s | off / plain, median [min-max] |",
+             "|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['batch_size']} | {fmt(statistics.median(r['plain']), 0)} | "
+                     f"{fmt(statistics.median(r['off']), 0)} | "
+                     f"{fmt(r['ratio']['median'])} [{fmt(r['ratio']['min'])}-{fmt(r['ratio']['max'])}] |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--engine", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
+    p.add_argument("--batch-sizes", default="1,16,48")
+    p.add_argument("--new-tokens", type=int, default=200)
+    p.add_argument("--prompt-words", type=int, default=0, help="0: short questions; N: N-word prompts")
+    p.add_argument("--runs", type=int, default=7, help="batches per engine (the first warms up)")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--omp-threads", type=int, default=0,
+                   help="OMP_NUM_THREADS for both engines (0: torch's default, all cores)")
+    p.add_argument("--out", default=None, help="JSON results path")
+    p.add_argument("--results-md", default=None)
+    p.add_argument("--section", default="off-path")
+    opts = p.parse_args(argv)
+    if opts.engine:
+        _engine_main(*opts.engine)
+        return 0
+    from sglang_dflash.demo import demo_pair
+
+    target, drafter = demo_pair()
+    rows = []
+    for bs in [int(x) for x in opts.batch_sizes.split(",")]:
+        row = {"batch_size": bs, "plain": [], "off": [], "ratios": []}
+        for rep in range(opts.repeats):
+            for config in ("plain", "off"):
+                row[config].append(_measure(config, target, drafter, bs, opts))
+            row["ratios"].append(row["off"][-1] / row["plain"][-1])
+            print(f"[off-path] bs {bs} rep {rep}: plain {row['plain'][-1]:.0f} tok/s, "
+                  f"off {row['off'][-1]:.0f} tok/s, ratio {row['ratios'][-1]:.2f}", flush=True)
+        row["ratio"] = spread(row["ratios"])
+        rows.append(row)
+    result = {"when": now_iso(), "machine": machine_info(), "versions": versions(),
+              "options": {k: v for k, v in vars(opts).items() if k != "engine"}, "rows": rows}
+    print(_table(rows))
+    if opts.out:
+        os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
+        json.dump(result, open(opts.out, "w"), indent=1)
+    if opts.results_md:
+        cmd = "python benchmark/off_path.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        update_section(opts.results_md, opts.section,
+                       f"## Off path against plain decoding ({opts.section})\n\nCommand:\n\n```bash\n{cmd}\n```\n\n"
+                       f"{result['when']}, {machine_info().get('cpu_model')}, {machine_info().get('nproc')} cores; "
+                       f"{opts.new_tokens} new tokens per request, prompts: "
+                       f"{'short questions' if opts.prompt_words == 0 else f'up to {opts.prompt_words} words'}; "
+                       f"torch threads: {opts.omp_threads or 'default (all cores)'}.\n\n"
+                       + _table(rows) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
