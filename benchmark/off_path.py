@@ -28,7 +28,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from common import fmt, machine_info, now_iso, spread, update_section, versions  # noqa: E402
+from common import fmt, fmt_spread, machine_info, now_iso, spread, update_section, versions  # noqa: E402
 
 ENGINE = dict(dtype="float32", device="cpu", attention_backend="torch_native",
               sampling_backend="pytorch", disable_cuda_graph=True, max_total_tokens=32768,
@@ -97,7 +97,7 @@ def _table(rows: list[dict]) -> str:
     for r in rows:
         lines.append(f"| {r['batch_size']} | {fmt(statistics.median(r['plain']), 0)} | "
                      f"{fmt(statistics.median(r['off']), 0)} | "
-                     f"{fmt(r['ratio']['median'])} [{fmt(r['ratio']['min'])}-{fmt(r['ratio']['max'])}] |")
+                     f"{fmt_spread(r['ratio'])} |")
     return "\n".join(lines)
 
 

@@ -90,7 +90,6 @@ def test_ramp_greedy_identical_across_width_changes(pair, monkeypatch):
         # ahead), and an off phase takes ~4x the steps of an on one, so the
         # server-wide step ratio says nothing about the policy's choice.
         per_step = {name: _tokens_per_step(run) for name, run in spec.items()}
-        print("tokens per decode step by phase:", per_step)
         for name, value in per_step.items():
             if name.endswith(("-c1", "-c4")):
                 assert value > _ON_TOKENS_PER_STEP, (name, per_step)
