@@ -29,10 +29,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from common import fmt, fmt_spread, machine_info, now_iso, spread, update_section, versions  # noqa: E402
+from sglang_dflash.cli import CPU_ENGINE_DEFAULTS  # noqa: E402
 
-ENGINE = dict(dtype="float32", device="cpu", attention_backend="torch_native",
-              sampling_backend="pytorch", disable_cuda_graph=True, max_total_tokens=32768,
-              mem_fraction_static=0.3, log_level="warning", random_seed=0)
+ENGINE = {**CPU_ENGINE_DEFAULTS, "dtype": "float32", "max_total_tokens": 32768, "log_level": "warning",
+          "random_seed": 0}
 
 
 def _prompts(bs: int, words: int, run: int) -> list[str]:

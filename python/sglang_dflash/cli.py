@@ -16,17 +16,25 @@ from __future__ import annotations
 import os
 import sys
 
-# Flags we default on CPU, with the reason. A user-given flag always wins.
-CPU_DEFAULTS: list[tuple[str, list[str]]] = [
-    ("--device", ["cpu"]),
+# Server arguments we default on CPU (sgl.Engine keywords), with the reason. A
+# user-given flag always wins. Benchmarks and tests that start `sgl.Engine` on
+# CPU start from these too.
+CPU_ENGINE_DEFAULTS: dict[str, object] = dict(
+    device="cpu",
     # torch SDPA; our plugin adds TARGET_VERIFY to it.
-    ("--attention-backend", ["torch_native"]),
-    ("--sampling-backend", ["pytorch"]),
+    attention_backend="torch_native",
+    sampling_backend="pytorch",
     # CPU graphs require torch.compile and exclude speculation.
-    ("--disable-cuda-graph", []),
+    disable_cuda_graph=True,
     # A shared host: do not size the KV cache from most of its RAM.
-    ("--max-total-tokens", ["65536"]),
-    ("--mem-fraction-static", ["0.3"]),
+    max_total_tokens=65536,
+    mem_fraction_static=0.3,
+)
+
+# The same as `launch_server` flags (a True value is a bare flag).
+CPU_DEFAULTS: list[tuple[str, list[str]]] = [
+    ("--" + key.replace("_", "-"), [] if value is True else [str(value)])
+    for key, value in CPU_ENGINE_DEFAULTS.items()
 ]
 
 

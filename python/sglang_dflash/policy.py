@@ -789,9 +789,7 @@ class SpeculationPolicy:
         self.steps = self.spec_steps = self.probe_steps = self.switches = 0
         self._streak = 0  # consecutive steps a switch was wanted
         self._since_probe = 0  # steps since the last probe or switch
-        self._probe_down = False  # direction of the next probe while on
-        self._probe_wide = True  # while off: the next probe at probe_width (then the widest)
-        self._on_probes = 0  # probes while on; every 4th measures W = 0
+        self._probe_turns = [0, 0]  # periodic probes started while off, while on
         self._probe_left = 0  # further steps of the running probe
         self._probe_at = 0  # ... and its width
         self._requests: dict[Hashable, _RequestStats] = {}
@@ -1032,48 +1030,45 @@ class SpeculationPolicy:
 
     def _periodic_probe(self, batch_size: int) -> int:
         """Once the interval has passed, a probe at another width (or the
-        decided width if it must wait: `_probe_wait`).
-
-        Off (W = 0): alternately at `probe_width` and at the widest
-        candidate, so the policy notices when speculation pays again and the
-        far end of the cost model is measured, not only taken from the
-        start-up profile (a profile taken on a busy host can be far off). On:
-        see `_on_probe`.
-        """
+        decided width if it must wait: `_probe_wait`): `_off_probe`'s or
+        `_on_probe`'s pick for the count of probes started in that mode."""
         if self._since_probe < self.probe_interval:
             return self.width
-        if self.width == 0:
-            wide = not self._probe_wide
-            probe = self.widths[-1] if wide else self.probe_width
-        else:
-            probe, down = self._on_probe()
+        on = self.width != 0
+        turn = self._probe_turns[on]
+        probe = self._on_probe(turn) if on else self._off_probe(turn)
         if self._since_probe < self._probe_wait(batch_size, probe):
             return self.width
         self._backoff = min(2 * self._backoff, self.cfg.probe_backoff)
-        if self.width == 0:
-            self._probe_wide = wide
-        else:
-            self._probe_down = down
-            self._on_probes += 1
+        self._probe_turns[on] += 1
         return self._start_probe(probe, self.cfg.probe_length)
 
-    def _on_probe(self) -> tuple[int, bool]:
-        """While on: (the probe's width, the next value of `_probe_down`).
+    def _off_probe(self, turn: int) -> int:
+        """While off: the width of the `turn`-th periodic probe, alternately
+        `probe_width` and the widest candidate, so the policy notices when
+        speculation pays again and the far end of the cost model is measured,
+        not only taken from the start-up profile (a profile taken on a busy
+        host can be far off)."""
+        return self.probe_width if turn % 2 == 0 else self.widths[-1]
+
+    def _on_probe(self, turn: int) -> int:
+        """While on: the width of the `turn`-th periodic probe.
 
         Every 4th probe at W = 0, so the off cost is measured in every
         batch-size bucket the server runs (it is mostly fixed overhead on a
         CPU server, which a profile of the model's matmuls cannot see); the
-        others alternately one candidate wider (so the rate of the first
-        unverified position does not stay stale forever) and one narrower (so
-        the cost cell next to the current width is measured, not only
-        extrapolated from the profile); at the ends only the inner one.
+        others alternately one candidate narrower (so the cost cell next to the
+        current width is measured, not only extrapolated from the profile) and
+        one wider (so the rate of the first unverified position does not stay
+        stale forever); at the ends only the inner one.
         """
-        if self.widths[0] == 0 and self._on_probes % 4 == 3:
-            return 0, self._probe_down
+        has_off = self.widths[0] == 0
+        if has_off and turn % 4 == 3:
+            return 0
+        neighbour_turn = turn - turn // 4 if has_off else turn  # W = 0 turns skipped
         i = self.widths.index(self.width)
-        down_next = not self._probe_down
-        down = (down_next and i > 0) or i == len(self.widths) - 1
-        return (self.widths[i - 1] if down else self.widths[i + 1]), down_next
+        down = (neighbour_turn % 2 == 0 and i > 0) or i == len(self.widths) - 1
+        return self.widths[i - 1] if down else self.widths[i + 1]
 
     def _probe_wait(self, batch_size: int, probe: int) -> float:
         """Steps since the last probe before a probe at `probe` may run: its

@@ -12,6 +12,7 @@ import time
 
 import requests
 
+from sglang_dflash.cli import CPU_ENGINE_DEFAULTS
 from sglang_dflash.demo import tiny_paths
 from sglang_dflash.prompts import mixed_prompts
 
@@ -27,18 +28,14 @@ PATHS = tiny_paths()
 TARGET = PATHS["target"]
 
 # fp32 everywhere: greedy identity is then exact up to rare argmax near-ties.
-ENGINE_DEFAULTS = dict(
-    model_path=TARGET,
-    dtype="float32",
-    device="cpu",
-    attention_backend="torch_native",
-    sampling_backend="pytorch",
-    disable_cuda_graph=True,
-    max_total_tokens=32768,
-    mem_fraction_static=0.3,
-    log_level="warning",
-    random_seed=0,
-)
+ENGINE_DEFAULTS = {
+    **CPU_ENGINE_DEFAULTS,
+    "model_path": TARGET,
+    "dtype": "float32",
+    "max_total_tokens": 32768,
+    "log_level": "warning",
+    "random_seed": 0,
+}
 
 
 def chat_prompts(n: int) -> list[str]:
