@@ -47,6 +47,7 @@ from sglang_dflash.draft import context_slots, make_blocks, plan_commit
 from sglang_dflash.adapter.server_args import load_policy_config
 from sglang_dflash.policy import SpeculationPolicy
 from sglang_dflash.propose import Proposal, propose_argmax, propose_selector
+from sglang_dflash.ragged import ragged_runs
 from sglang_dflash.rejection import PAD_TOKEN_ID
 from sglang_dflash.stats import SpecStats, StepClock
 from sglang_dflash.verify import SamplingRows, VerifyUniforms, verify_block
@@ -441,6 +442,4 @@ def _sampling_rows(sampling_info, bs: int):
 
 def _extend_positions(prefix_lens: torch.Tensor, extend_lens: torch.Tensor) -> torch.Tensor:
     """Absolute positions of every extend token, flattened in batch order."""
-    starts = torch.repeat_interleave(prefix_lens, extend_lens)
-    first = torch.repeat_interleave(torch.cumsum(extend_lens, 0) - extend_lens, extend_lens)
-    return starts + torch.arange(int(extend_lens.sum()), device=prefix_lens.device) - first
+    return ragged_runs(prefix_lens, extend_lens)[1].to(prefix_lens.device)

@@ -10,6 +10,8 @@ import ctypes
 
 import torch
 
+from sglang_dflash.ragged import ragged_runs
+
 IMPLEMENTED_OPS: set[str] = set()
 
 
@@ -57,15 +59,11 @@ def assign_req_to_token_pool_cpu(
 
 def _run_cells(req_pool_indices, start_offset, end_offset):
     """(rows, cols) [total] of the cells req_to_token[req_pool_indices[i],
-    start[i]:end[i]], runs back to back in batch order. Any integer dtypes."""
-    start = start_offset.long()
-    lens = end_offset.long() - start
-    total = int(lens.sum())
-    rows = torch.repeat_interleave(req_pool_indices.long(), lens)
-    run_start = torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
-    cols = torch.repeat_interleave(start, lens) + (torch.arange(total, device=lens.device) - run_start)
-    return rows, cols
-
+    start[i]:end[i]], runs back to back in batch order. Any integer dtypes.
+    Called once per decode step under spec-v2 scheduling (KV slot
+    reservation), so it avoids `repeat_interleave` (see `ragged_runs`)."""
+    run, cols = ragged_runs(start_offset, end_offset.long() - start_offset.long())
+    return req_pool_indices.long()[run.to(req_pool_indices.device)], cols.to(req_pool_indices.device)
 
 
 # ---- NGRAM / tree speculation -------------------------------------------------------
