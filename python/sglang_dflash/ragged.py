@@ -4,9 +4,9 @@ request), in plain torch and without `torch.repeat_interleave`.
 Why not `repeat_interleave`: its CPU kernel hands even a 16-element repeat to
 the intra-op thread pool, and on a loaded 2-core host the calling thread then
 waits for a descheduled worker thread. Inside a serving scheduler at batch 16
-the KV-slot assignment built on it took 180 us median and 1.3 ms at p90 per
-call (35 us on an idle host), about 4% of a W = 0 step that plain decoding
-does not pay. Elementwise ops, boolean masks and gathers this small run inline
+the KV-slot assignment built on it took 650 us mean and 1.3 ms at p90 per call
+(35 us on an idle host), about 4% of a W = 0 step that plain decoding does not
+pay. Elementwise ops, boolean masks and gathers this small run inline
 (torch parallelizes them only above ~32k elements).
 """
 

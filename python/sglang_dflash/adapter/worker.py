@@ -442,4 +442,4 @@ def _sampling_rows(sampling_info, bs: int):
 
 def _extend_positions(prefix_lens: torch.Tensor, extend_lens: torch.Tensor) -> torch.Tensor:
     """Absolute positions of every extend token, flattened in batch order."""
-    return ragged_runs(prefix_lens, extend_lens)[1].to(prefix_lens.device)
+    return ragged_runs(prefix_lens, extend_lens)[1]  # on their device

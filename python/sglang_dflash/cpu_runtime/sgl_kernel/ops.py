@@ -63,7 +63,7 @@ def _run_cells(req_pool_indices, start_offset, end_offset):
     Called once per decode step under spec-v2 scheduling (KV slot
     reservation), so it avoids `repeat_interleave` (see `ragged_runs`)."""
     run, cols = ragged_runs(start_offset, end_offset.long() - start_offset.long())
-    return req_pool_indices.long()[run.to(req_pool_indices.device)], cols.to(req_pool_indices.device)
+    return req_pool_indices.long()[run], cols
 
 
 # ---- NGRAM / tree speculation -------------------------------------------------------
