@@ -693,6 +693,16 @@ class CostModel:
         fit.add(base, base * math.exp(log_ratio), bs, self.keep)
         self._params.clear()  # neighbours borrow from this bucket
 
+    def forget(self, bs: int, width: int, weight: float) -> None:
+        """Cap the aged weight of bs's (bucket, W) cell at `weight`, so its
+        next samples move the estimate most of the way (a load's cost differs
+        from another's at the same batch size: its contexts are longer or
+        shorter)."""
+        cell = self._cells.get((bs.bit_length(), width))
+        if cell is not None:
+            cell[1] = min(cell[1] * self.cell_keep ** (self._step - cell[2]), weight)
+            cell[2] = self._step
+
     def cell_weight(self, bs: int, width: int) -> float:
         """Aged weight of bs's (bucket, W) cell now: about its samples of the
         last 16 / ema observed steps (0 if never observed)."""
@@ -747,6 +757,7 @@ _EARLY_OFF_PROBES = 3  # per batch-size bucket; see SpeculationPolicy._maybe_pro
 # the current width; see SpeculationPolicy._off_estimate_stale.
 _STALE_OFF_WEIGHT = 1.5
 _REFRESH_CLOSE = 0.30
+_REFRESH_WEIGHT = 1.0  # the W = 0 cell's weight a refresh leaves before its own samples
 _COLD_HOLD = 16  # steps the cold start may wait for its first timed step; see _decide
 
 
@@ -786,6 +797,7 @@ class SpeculationPolicy:
         self.probe_width = below[-1] if below else (positive[0] if positive else 0)
         self.width = {"fixed": cfg.fixed_width, "on": top, "off": 0}.get(cfg.mode)
         self.last_width, self.last_batch_size = 0, 0
+        self.last_thr: list[float] | None = None  # the model's throughputs of the last adaptive step, before the bias
         self.steps = self.spec_steps = self.probe_steps = self.switches = 0
         self._streak = 0  # consecutive steps a switch was wanted
         self._since_probe = 0  # steps since the last probe or switch
@@ -798,6 +810,7 @@ class SpeculationPolicy:
         self._cold_steps = 0  # steps held at the cold-start width before any step was timed
         self._backoff = 1  # probe interval multiplier: 1, 2, 4, ... up to cfg.probe_backoff
         self._settled = 0  # the bucket the batch last stayed in for interval / 8 steps
+        self._settled_step = 0  # ... since this step (the current load's start)
         self._recent_bs: deque[int] = deque(maxlen=max(1, cfg.load_window))  # for load_window
         self._last_off_probe: dict[int, int] = {}  # bucket -> step of its last early / refresh off probe
         # On/off trials by measured throughput (trials.py): adaptive, W = 0 and a W > 0 candidates.
@@ -853,12 +866,14 @@ class SpeculationPolicy:
         self._bucket = bucket
         if bucket != self._settled and self._bucket_run >= self._settle_steps():
             self._settled, self._backoff = bucket, 1  # a new load: probe at the base rate
+            self._settled_step = self.steps
         if self.cfg.load_window > 0:
             self._recent_bs.append(batch_size)
         if self.cfg.mode == "adaptive":
             thr = self._at_offered_load(self.throughputs(batch_size, request_ids), batch_size)
             thr = self._handicapped(thr)
             forced = self._trial_regime(batch_size, thr)
+            self.last_thr = thr
             if forced is None:
                 if self._pre_trial is not None:  # a trial ended: back to the width it interrupted
                     self._switch(self._pre_trial)
@@ -1025,6 +1040,10 @@ class SpeculationPolicy:
         bucket = batch_size.bit_length()
         if unmeasured:
             self._early_off_probes[bucket] = self._early_off_probes.get(bucket, 0) + 1
+        else:
+            # Its samples decide: the old ones were taken at another load (or
+            # long ago), however recent their weight says they are.
+            self.cost.forget(batch_size, 0, _REFRESH_WEIGHT)
         self._last_off_probe[bucket] = self.steps
         return self._start_probe(0, self.cfg.probe_length + 2)
 
@@ -1119,14 +1138,25 @@ class SpeculationPolicy:
         (chat, c32, after the math and code cells): W = 0 at bs 16-31 was held
         at 39 ms from a few samples, speculation was predicted 23% ahead and
         stayed on, while the off server was ~6% faster than the always-on one.
-        Where the decision is not close the estimate's age does not matter."""
+        Where the decision is not close the estimate's age does not matter.
+
+        Also stale, whatever its weight: an estimate not refreshed since the
+        batch settled in this bucket (a new load). Its samples may be recent
+        yet from another load: a step's cost depends on the contexts too, not
+        only on the batch size. Seen in the serving grid (code c16 right after
+        code c64): W = 0 at bs 16 was held at 16.8 ms from the c64 cell's
+        drain (long contexts) while the new load's off steps took 14.5 ms, so
+        speculation was predicted ~11% ahead and ran 110 steps, against an
+        always-on server ~5% behind the off one. A refresh also caps the
+        cell's weight (`CostModel.forget`) so its own samples decide."""
         if not (self.width > 0 and self.widths[0] == 0 and self.cost is not None
                 and self.cost.observed(batch_size, 0)):
             return False
         last = self._last_off_probe.get(batch_size.bit_length())
-        if last is not None and self.steps - last < 2 * self.cfg.probe_interval:
+        new_load = last is None or last < self._settled_step
+        if not new_load and self.steps - last < 2 * self.cfg.probe_interval:
             return False
-        if self.cost.cell_weight(batch_size, 0) >= _STALE_OFF_WEIGHT:
+        if not new_load and self.cost.cell_weight(batch_size, 0) >= _STALE_OFF_WEIGHT:
             return False
         return thr[self.widths.index(self.width)] < (1.0 + _REFRESH_CLOSE) * thr[0]
 

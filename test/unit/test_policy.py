@@ -329,6 +329,50 @@ def test_stale_off_estimate_is_remeasured_when_the_decision_is_close(refresh, mo
         assert policy.width > 0 and executed[-80:].count(0) < 10, policy.snapshot()
 
 
+@pytest.mark.parametrize("refresh", [True, False])
+def test_off_estimate_from_another_load_is_remeasured(refresh, monkeypatch):
+    """Seen in the serving grid (code c16 right after code c64): W = 0 in the
+    bs 16-31 bucket was last timed during the previous load's drain, where long
+    contexts made every step dearer; those samples were recent, so not stale,
+    and speculation ran on ~11% ahead by the model while the off server was
+    ahead. Here: an off load (phase A) whose W = 0 steps cost 1.3x, a burst at
+    another batch size (B), then a load in A's bucket (C) where off is truly
+    ~8% faster but A's W = 0 estimate makes speculation look ahead. The new
+    load's first close call re-measures W = 0 and goes off; the control
+    (refreshes disabled) stays on."""
+    import sglang_dflash.policy as policy_module
+    if not refresh:
+        monkeypatch.setattr(policy_module, "_REFRESH_CLOSE", -1.0)
+
+    def real(bs, w, inflated=False):
+        return (0.02 + true_cost(bs, w)) * (1.3 if inflated and w == 0 else 1.0)
+
+    bs = 40
+    low = uniform_rate_for_ratio(bs, 0.5, real)
+    close = uniform_rate_for_ratio(bs, 0.92, real)
+    # Close by the true cost, ~15% ahead by the inflated W = 0 estimate.
+    assert close < uniform_rate_for_ratio(bs, 1.2, lambda b, w: real(b, w, True))
+    policy = make_policy(trial_steps=0, probe_share=None)
+    rng = random.Random(11)
+    phases = [(bs, low, True, 300), (4, 0.9, False, 60), (bs, close, False, 150)]
+    executed = []
+    for batch, rate, inflated, steps in phases:
+        for _ in range(steps):
+            w = policy.choose_width(batch)
+            lens = [sample_accept(rng, [rate] * (B - 1), w) for _ in range(batch)] if w else [0] * batch
+            policy.observe_verify(w, lens, real(batch, w, inflated), batch)
+            executed.append((batch, w))
+    c = [w for _, w in executed[360:]]
+    assert [w for _, w in executed[200:300]].count(0) > 90  # A: off
+    assert [w for _, w in executed[320:360]].count(0) < 10  # B: on
+    assert best_width_bruteforce([close] * (B - 1), real, bs, B - 1) == 0
+    assert c[0] > 0  # C starts on (the width from B, A's estimate)
+    if refresh:
+        assert policy.width == 0 and c.index(0) < 30 and c[-100:].count(0) > 90, c
+    else:
+        assert policy.width > 0 and c[-100:].count(0) < 10, c
+
+
 def test_no_off_refresh_while_speculation_wins_clearly():
     """Refresh probes are for close decisions only: where speculation is
     predicted far ahead, W = 0 runs only in the ordinary probes."""
