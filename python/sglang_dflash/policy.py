@@ -701,8 +701,7 @@ class CostModel:
         shorter)."""
         cell = self._cells.get((bs.bit_length(), width))
         if cell is not None:
-            cell[1] = min(cell[1] * self.cell_keep ** (self._step - cell[2]), weight)
-            cell[2] = self._step
+            cell[1], cell[2] = min(self.cell_weight(bs, width), weight), self._step
 
     def cell_weight(self, bs: int, width: int) -> float:
         """Aged weight of bs's (bucket, W) cell now: about its samples of the
@@ -888,6 +887,19 @@ class SpeculationPolicy:
         self.spec_steps += w > 0
         self.last_width, self.last_batch_size = w, batch_size
         return w
+
+    def last_decision(self, batch_size: int) -> list | None:
+        """For the step trace: [best-on / off throughput ratio before the
+        trials' bias, that W, its expected commits per request, its step time
+        over W = 0's, W = 0's predicted ms] of the last adaptive step at
+        `batch_size`, or None (not adaptive, or W = 0 not a candidate)."""
+        thr = self.last_thr
+        if thr is None or self.widths[0] != 0 or len(thr) < 2:
+            return None
+        i = _best_on(thr)
+        c0, cw = self.cost.predict(batch_size, 0), self.cost.predict(batch_size, self.widths[i])
+        return [round(thr[i] / thr[0], 4), self.widths[i], round(thr[i] * cw / batch_size, 3),
+                round(cw / c0, 3), round(c0 * 1e3, 3)]
 
     def _at_offered_load(self, thr: list[float], batch_size: int) -> list[float]:
         """With `load_window`, W = 0's throughput at the peak batch of the last

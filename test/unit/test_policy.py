@@ -853,3 +853,18 @@ def test_choose_width_is_cheap():
     for i in range(5000):
         policy.choose_width(1 + i % 64)
     assert (time.perf_counter() - start) / 5000 < 200e-6  # generous on a loaded CI core
+
+
+def test_last_decision_reports_the_models_call():
+    """The step trace's view of a decision: the best W > 0 over W = 0, as the
+    throughputs the policy compared (before any trial bias)."""
+    policy = make_policy(trial_steps=0)
+    assert policy.last_decision(8) is None  # no adaptive step yet
+    policy.choose_width(8)
+    thr = policy.throughputs(8)
+    best = max(range(1, len(thr)), key=thr.__getitem__)
+    ratio, width, commits, cost_ratio, off_ms = policy.last_decision(8)
+    assert width == policy.widths[best] and ratio == pytest.approx(thr[best] / thr[0], rel=1e-3)
+    assert cost_ratio == pytest.approx(true_cost(8, width) / true_cost(8, 0), rel=0.05)
+    assert 1.0 <= commits <= width + 1 and off_ms > 0
+    assert make_policy(mode="on").last_decision(8) is None

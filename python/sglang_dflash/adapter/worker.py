@@ -234,7 +234,7 @@ class DFlashWorker(BaseSpecWorker):
             trials = self.policy.trials
             self._trace_line(now, "decode", bs, width, sample, decided=self.policy.width,
                              trial=trials is not None and trials.trial is not None,
-                             model=self._trace_model(bs),
+                             model=self.policy.last_decision(bs),
                              bias=None if trials is None else round(trials.bias, 4))
         num_verify = width + 1
         anchor = draft_input.bonus_tokens.to(torch.int64)
@@ -332,19 +332,6 @@ class DFlashWorker(BaseSpecWorker):
             return
         self.stats.time_step(sample.width, sample.seconds)
         self.policy.observe_step_time(sample.width, sample.seconds, sample.batch_size)
-
-    def _trace_model(self, bs):
-        """[best-on / off throughput ratio before the trials' bias, that W,
-        its expected commits per request, its step time over W = 0's, W = 0's
-        predicted ms] of the policy's last adaptive step, or None."""
-        p = self.policy
-        thr = p.last_thr
-        if thr is None or p.widths[0] != 0 or len(thr) < 2:
-            return None
-        i = max(range(1, len(thr)), key=thr.__getitem__)
-        c0, cw = p.cost.predict(bs, 0), p.cost.predict(bs, p.widths[i])
-        return [round(thr[i] / thr[0], 4), p.widths[i], round(thr[i] * cw / bs, 3),
-                round(cw / c0, 3), round(c0 * 1e3, 3)]
 
     def _trace_line(self, now, kind, bs, width, sample, **extra):
         row = {"pid": os.getpid(), "t": round(now, 6), "kind": kind, "bs": bs, "width": width, **extra,
