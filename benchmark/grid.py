@@ -51,8 +51,8 @@ PIPE = "\\|"  # a literal | inside a Markdown table cell
 WORKLOAD_SOURCES = {"math": "GSM8K", "code": "HumanEval", "chat": "MT-Bench"}
 
 
-def _policy(mode: str) -> dict:
-    return {"SGLANG_DFLASH_POLICY": json.dumps({"mode": mode})}
+def _policy(mode: str, **knobs) -> dict:
+    return {"SGLANG_DFLASH_POLICY": json.dumps({"mode": mode, **knobs})}
 
 
 # name -> (description, kind, extra env[, extra server args]). kind: plain | dflash | ngram.
@@ -64,6 +64,9 @@ CONFIGS = {
                    ["--disable-overlap-schedule"]),
     "dflash-on": ("our DFLASH worker, policy on (always full block)", "dflash", _policy("on")),
     "dflash-adaptive": ("our DFLASH worker, adaptive policy", "dflash", _policy("adaptive")),
+    # Diagnostic: adaptive without the trials' bias prior across loads (trials.py).
+    "dflash-adaptive-noprior": ("our DFLASH worker, adaptive policy, trial_prior off", "dflash",
+                                _policy("adaptive", trial_prior=False)),
     "dflash-off": ("our DFLASH worker, policy off (zero-speculation control)", "dflash",
                    _policy("off")),
     "ngram": ("SGLang n-gram speculation (--speculative-algorithm NGRAM)", "ngram", {}),
@@ -71,9 +74,10 @@ CONFIGS = {
                         {"SGLANG_DFLASH_UPSTREAM": "1"}),
 }
 CUDA_ONLY = {"upstream-dflash"}
+DIAGNOSTIC = {"plain-sync", "dflash-adaptive-noprior"}  # not in the full preset
 
 PRESETS = {
-    "full": dict(configs=[c for c in CONFIGS if c != "plain-sync"], workloads=list(WORKLOADS), concurrency=[1, 4, 8, 16, 32, 64],
+    "full": dict(configs=[c for c in CONFIGS if c not in DIAGNOSTIC], workloads=list(WORKLOADS), concurrency=[1, 4, 8, 16, 32, 64],
                  repeats=3, max_new_tokens=128, min_requests=16, requests_per_slot=2,
                  warmup_requests=8, section="grid"),
     # Plain, ours always on, and SGLang's n-gram peer; upstream-dflash only costs a

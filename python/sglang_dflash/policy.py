@@ -146,6 +146,7 @@ class PolicyConfig:
     trial_steps: int = 128  # steps of an on/off trial (trials.py); 0 = no trials, no bias
     trial_every: int = 1024  # steps between trials while the load holds
     trial_close: float = 0.15  # trials run while corrected best-on/off is in (1/(1+this), 1+this)
+    trial_prior: bool = True  # a load's bias < 1 stays as a prior at the next load until measured
 
     def __post_init__(self) -> None:
         if self.widths is not None:
@@ -233,6 +234,7 @@ def _check_trials(c: PolicyConfig) -> None:
              c.trial_every, f"must be an int >= trial_steps = {c.trial_steps}")
     _require(_is_real(c.trial_close) and math.isfinite(c.trial_close) and c.trial_close > 0,
              "trial_close", c.trial_close, "must be a finite number > 0")
+    _require(isinstance(c.trial_prior, bool), "trial_prior", c.trial_prior, "must be a bool")
 
 
 # ---------------------------------------------------------------------------
@@ -818,7 +820,8 @@ class SpeculationPolicy:
         self._pre_trial: int | None = None  # the decided width a running trial interrupted
         if cfg.mode == "adaptive" and cfg.trial_steps > 0 and self.widths[0] == 0 and positive:
             self.trials = RegimeTrials(TrialConfig(cfg.trial_steps, cfg.trial_every,
-                                                   cfg.trial_close, cfg.switch_margin))
+                                                   cfg.trial_close, cfg.switch_margin,
+                                                   cfg.trial_prior))
 
     @classmethod
     def from_profile(cls, cfg: PolicyConfig, block_size: int,
@@ -878,7 +881,7 @@ class SpeculationPolicy:
                 if self._pre_trial is not None:  # a trial ended: back to the width it interrupted
                     self._switch(self._pre_trial)
                     self._pre_trial = None
-                thr = self._calibrated(thr)
+                thr = self._calibrated(thr, batch_size)
                 self._decide(thr)
                 w = self._maybe_probe(batch_size, thr)
             else:
@@ -951,12 +954,14 @@ class SpeculationPolicy:
         return self.trials.regime(self.steps, thr[best] / thr[0], self.width > 0, batch_size,
                                   cost_ratio)
 
-    def _calibrated(self, thr: list[float]) -> list[float]:
-        """Every W > 0 throughput times the trials' measured bias (W = 0 is
-        plain decoding, the reference the bias is measured against)."""
-        if self.trials is None or not self.trials.log_bias:
+    def _calibrated(self, thr: list[float], batch_size: int) -> list[float]:
+        """Every W > 0 throughput times the trials' bias at this batch (W = 0
+        is plain decoding, the reference the bias is measured against)."""
+        if self.trials is None:
             return thr
-        k = self.trials.bias
+        k = self.trials.bias_at(batch_size)
+        if k == 1.0:
+            return thr
         return [t * k if w > 0 else t for w, t in zip(self.widths, thr)]
 
     def _run_trial(self, on: bool, thr: list[float]) -> int:

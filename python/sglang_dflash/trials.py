@@ -27,12 +27,19 @@ steps, on a batch that stayed within a factor 1.5 for the baseline; at the
 same load again after `every` steps and never more than 1 / _SHARE of the
 decode time (by the next trial's expected length). A bias belongs to a load:
 once the batch stays outside a factor 1.5 of the one it was measured at for
-half a trial (not a drain or a dip), it is dropped, the model alone decides,
-and the next trial measures the new load. While the policy runs off
-a trial runs only where a measured bias is what keeps it off and the model
-alone would run on: the model errs toward speculation, so where it calls off
-ahead, off is ahead, and a trial of a wide verify at a large batch costs
-several plain steps per step. A trial whose measured half ramped or drained
+half a trial (not a drain or a dip), it is dropped, and the next trial measures
+the new load. Until then a bias below 1 stays as a prior (`prior`): the model's
+lean toward speculation comes from the closed loop and grows with the load, so
+at the same or a larger batch the last load's bias applies in full, at a smaller
+one shrunk toward 1 (`bias_at`). Without it each new load started on the
+uncorrected model, which speculated ~100 steps at 4x a plain step each before
+its first trial could turn it off (benchmark/RESULTS.md, the s14 diagnostics).
+A bias of 1 or more is no prior: carried to another load it would lean toward
+speculation, the costly side. While the policy runs off a trial runs only where
+a bias is what keeps it off and the model alone would run on, and not on a
+prior at a batch larger than the one it was measured at: the model errs toward
+speculation, so where it calls off ahead, off is ahead, and a trial of a wide
+verify at a large batch costs several plain steps per step. A trial whose measured half ramped or drained
 (a batch outside a factor 1.5 of the baseline's last), or whose steps were
 not fed (idle), gives no evidence; one whose batch leaves a factor 2 of its
 start (the end of a load) stops at once.
@@ -62,6 +69,7 @@ class TrialConfig:
     every: int  # steps from one trial's end to the next while the load holds
     close: float  # trials run while the corrected on/off ratio is in (1 / (1 + close), 1 + close)
     margin: float  # the policy's switch margin: the model alone runs on above 1 + margin
+    prior: bool = True  # keep a bias below 1 as a prior when the load moves (see above)
 
 
 @dataclass(slots=True)
@@ -93,6 +101,7 @@ class RegimeTrials:
         self._clock = 0.0  # decode seconds fed so far
         self._ended_clock = 0.0  # ... when the last trial ended
         self._load: int | None = None  # the batch the bias was measured at (None: no bias)
+        self._prior: tuple[float, int] | None = None  # (mean log bias < 0, its load) of a past load
         self._moved = 0  # consecutive steps the batch has been outside a factor _MOVE_BS of it
         self._since_change = 0  # steps the policy's regime has held
         self._last_on: bool | None = None
@@ -107,6 +116,16 @@ class RegimeTrials:
         if not self.log_bias:
             return 1.0
         return math.exp(sum(self.log_bias) / len(self.log_bias))
+
+    def bias_at(self, batch_size: int) -> float:
+        """The bias the policy applies at `batch_size`: this load's measured
+        one, else a past load's prior, in full at its batch or above, shrunk
+        toward 1 below it (a smaller batch leaves fewer clients outside it and
+        a flatter step cost), else 1."""
+        if self.log_bias or self._prior is None:
+            return self.bias
+        log_bias, load = self._prior
+        return math.exp(log_bias * min(1.0, batch_size / load))
 
     # -- feedback ---------------------------------------------------------
 
@@ -150,11 +169,14 @@ class RegimeTrials:
             self._evaluate(step, batch_size)
             return None
         self._follow_load(batch_size)
-        corrected = ratio * self.bias
+        bias = self.bias_at(batch_size)
+        corrected = ratio * bias
         if not 1.0 / (1.0 + c.close) < corrected < 1.0 + c.close:
             return None
-        if not on and (ratio <= 1.0 + c.margin or self.bias >= 1.0):
+        if not on and (ratio <= 1.0 + c.margin or bias >= 1.0):
             return None  # off by the model's own judgement (which errs toward on): no check
+        if not on and not self.log_bias and batch_size > self._prior[1]:
+            return None  # off by a prior from a smaller load: speculation costs more here
         if self._since_change < c.steps:
             return None  # the regime has not held long enough for a baseline
         same_load = self._load is not None
@@ -181,6 +203,8 @@ class RegimeTrials:
         inside = _near(batch_size, self._load, _MOVE_BS)
         self._moved = 0 if inside else self._moved + 1
         if self._moved >= self.cfg.steps // 2:
+            mean = sum(self.log_bias) / len(self.log_bias)
+            self._prior = (mean, self._load) if self.cfg.prior and mean < 0 else None
             self.log_bias.clear()
             self._load, self._moved = None, 0
 
@@ -261,6 +285,8 @@ class RegimeTrials:
             "last_measured_on_over_off": None if self.last_measured is None
             else round(self.last_measured, 4),
             "log_bias": [round(x, 4) for x in self.log_bias],
+            "prior": None if self._prior is None
+            else {"bias": round(math.exp(self._prior[0]), 4), "load": self._prior[1]},
         }
 
 

@@ -265,6 +265,8 @@ def test_trial_config_validation():
         PolicyConfig(trial_steps=128, trial_every=64)
     with pytest.raises(ValueError, match="trial_close"):
         PolicyConfig(trial_close=0.0)
+    with pytest.raises(ValueError, match="trial_prior"):
+        PolicyConfig(trial_prior="yes")
     assert make_policy(trial_steps=0).trials is None
     assert static("on").trials is None
     assert make_policy(widths=[1, 3, 7]).trials is None  # W = 0 is no candidate: nothing to compare
@@ -286,3 +288,68 @@ def test_a_drain_ends_a_trial_without_evidence():
     assert ran[0] is False and ran.index(None) == 17  # bs 15 < 32 / 2: the trial is over
     assert ran[17:] == [None] * 23
     assert trials.trial is None and trials.trials == 0 and trials.bias == 1.0
+
+
+def test_a_past_loads_bias_below_1_is_a_prior_until_the_new_load_measures():
+    trials = RegimeTrials(CFG)
+    drive(trials, 200, 0, on=True, thr_on=1000.0, thr_off=1200.0, bs=16)
+    measured = 1000 / 1200 / 1.1
+    assert trials.trials == 1 and trials.bias == pytest.approx(measured)
+    drive(trials, 32, 200, on=True, thr_on=1000.0, thr_off=1200.0, bs=32)
+    assert not trials.log_bias and trials.bias == 1.0  # the load moved: no measured bias ...
+    # ... but a prior: in full at the same or a larger batch, shrunk toward 1 below it.
+    assert trials.bias_at(16) == pytest.approx(measured)
+    assert trials.bias_at(64) == pytest.approx(measured)
+    assert trials.bias_at(8) == pytest.approx(measured ** 0.5)
+    assert trials.snapshot()["prior"] == {"bias": round(measured, 4), "load": 16}
+    # The new load's first trial (no `every` wait) replaces it.
+    drive(trials, 300, 232, on=True, thr_on=1000.0, thr_off=900.0, bs=32)
+    assert trials.trials == 2 and trials.bias_at(32) == pytest.approx(1000 / 900 / 1.1)
+    without = RegimeTrials(TrialConfig(steps=64, every=512, close=0.3, margin=0.05, prior=False))
+    drive(without, 200, 0, on=True, thr_on=1000.0, thr_off=1200.0, bs=16)
+    drive(without, 32, 200, on=True, thr_on=1000.0, thr_off=1200.0, bs=32)
+    assert without.bias_at(32) == 1.0 and without.snapshot()["prior"] is None
+
+
+def test_a_bias_of_1_or_more_is_no_prior():
+    """Carried to another load it would lean toward speculation, the costly side."""
+    trials = RegimeTrials(CFG)
+    drive(trials, 200, 0, on=True, thr_on=1300.0, thr_off=1000.0, bs=16)
+    assert trials.bias > 1
+    drive(trials, 32, 200, on=True, thr_on=1000.0, thr_off=1200.0, bs=32)
+    assert trials.bias_at(32) == 1.0 and trials.snapshot()["prior"] is None
+
+
+def test_no_trial_of_speculation_on_a_prior_from_a_smaller_load():
+    """Off because of a prior measured at a smaller batch: a trial of a wide
+    verify at this batch would cost several plain steps per step, and off is
+    the side the model's error favours; at a smaller batch the trial runs."""
+    trials = RegimeTrials(CFG)
+    drive(trials, 200, 0, on=True, thr_on=1000.0, thr_off=1200.0, bs=16)
+    drive(trials, 32, 200, on=False, thr_on=1000.0, thr_off=1200.0, bs=32)
+    assert trials.bias_at(32) < 1 / 1.1  # the model's 1.1 corrected below 1: off
+    ran = drive(trials, 2000, 232, on=False, thr_on=1300.0, thr_off=1200.0, bs=32)
+    assert not any(ran) and trials.trials == 1
+    trials = RegimeTrials(CFG)
+    drive(trials, 200, 0, on=True, thr_on=1000.0, thr_off=1200.0, bs=32)
+    drive(trials, 32, 200, on=False, thr_on=1000.0, thr_off=1200.0, bs=16)
+    ran = drive(trials, 600, 232, on=False, thr_on=1300.0, thr_off=1200.0, bs=16, ratio=1.15)
+    assert any(ran) and trials.trials == 2
+
+
+def test_the_prior_saves_the_next_load_from_the_uncorrected_model():
+    """16 clients then 32 on one server (a load step, as between grid cells):
+    without the prior the 32-client load starts on the uncorrected model and
+    speculates until its first trial; with it, it runs off from the start."""
+    served = {}
+    for prior in (True, False):
+        policy = make_policy(trial_prior=prior)
+        closed_loop(policy, clients=16, rate=0.74, seconds=60.0, after_prefill=1.5)
+        assert policy.trials.trials >= 1 and policy.trials.bias < 0.9
+        spec_before = policy.spec_steps
+        thr = closed_loop(policy, clients=32, rate=0.85, seconds=30.0, after_prefill=1.5, seed=1)
+        served[prior] = thr, policy.spec_steps - spec_before
+    off = closed_loop(static("off"), clients=32, rate=0.85, seconds=30.0, after_prefill=1.5, seed=1)
+    (with_prior, spec_with), (without, spec_without) = served[True], served[False]
+    assert with_prior >= 0.97 * off and with_prior > 1.05 * without
+    assert spec_with < spec_without / 2

@@ -235,7 +235,7 @@ class DFlashWorker(BaseSpecWorker):
             self._trace_line(now, "decode", bs, width, sample, decided=self.policy.width,
                              trial=trials is not None and trials.trial is not None,
                              model=self.policy.last_decision(bs),
-                             bias=None if trials is None else round(trials.bias, 4))
+                             bias=None if trials is None else round(trials.bias_at(bs), 4))
         anchor = draft_input.bonus_tokens.to(torch.int64)
         sampling = _sampling_rows(batch.sampling_info, bs)
         if width == 0:
