@@ -712,7 +712,7 @@ def markdown(report: dict, summary: list[dict], plots: list[str], img_prefix: st
 CRITERIA = {"vs_plain": 0.97, "vs_best_fixed": 0.95, "vs_on_at_c1": 0.95}
 
 
-def adaptive_criteria(cells: list[dict]) -> list[dict]:
+def adaptive_criteria(cells: list[dict], adaptive: str = "dflash-adaptive") -> list[dict]:
     """Per (workload, concurrency): the adaptive policy's throughput ratios
     against plain, the better of on/off, and on, each the median over
     repetitions of the ratio within a repetition; and, not a criterion, the
@@ -720,10 +720,10 @@ def adaptive_criteria(cells: list[dict]) -> list[dict]:
     noise the criteria are judged in)."""
     ok = {(c["workload"], c["concurrency"], c["config"], c["rep"]): c["output_throughput"]
           for c in cells if "error" not in c and c.get("completed") and c.get("output_throughput")}
-    keys = sorted({(w, conc, rep) for (w, conc, name, rep) in ok if name == "dflash-adaptive"})
+    keys = sorted({(w, conc, rep) for (w, conc, name, rep) in ok if name == adaptive})
     ratios: dict = {}
     for w, conc, rep in keys:
-        ad = ok[(w, conc, "dflash-adaptive", rep)]
+        ad = ok[(w, conc, adaptive, rep)]
         on, off, plain = (ok.get((w, conc, n, rep)) for n in ("dflash-on", "dflash-off", "plain"))
         entry = ratios.setdefault((w, conc), {"vs_plain": [], "vs_best_fixed": [], "vs_on": [],
                                               "off_vs_plain": []})
@@ -751,12 +751,20 @@ def adaptive_criteria(cells: list[dict]) -> list[dict]:
 
 
 def adaptive_criteria_md(report: dict) -> list[str]:
-    rows = adaptive_criteria(report["cells"])
+    """One criteria table per adaptive configuration in the run (the default
+    policy and its diagnostic variants)."""
+    names = sorted({c["config"] for c in report["cells"]
+                    if c["config"].startswith("dflash-adaptive")})
+    return [line for name in names for line in _criteria_table(report["cells"], name)]
+
+
+def _criteria_table(cells: list[dict], adaptive: str) -> list[str]:
+    rows = adaptive_criteria(cells, adaptive)
     if not rows:
         return []
     passed = sum(r["pass"] for r in rows)
-    lines = ["", "### Adaptive policy against its criteria", "",
-             f"Throughput ratios of `dflash-adaptive`, median [min-max] over repetitions of the ratio "
+    lines = ["", f"### `{adaptive}` against the adaptive policy's criteria", "",
+             f"Throughput ratios of `{adaptive}`, median [min-max] over repetitions of the ratio "
              f"within a repetition. Criteria: >= {CRITERIA['vs_plain']} x plain in every cell; "
              f">= {CRITERIA['vs_best_fixed']} x the better of `dflash-on` and `dflash-off`; at "
              f"concurrency 1, >= {CRITERIA['vs_on_at_c1']} x `dflash-on`. "
