@@ -64,9 +64,11 @@ CONFIGS = {
                    ["--disable-overlap-schedule"]),
     "dflash-on": ("our DFLASH worker, policy on (always full block)", "dflash", _policy("on")),
     "dflash-adaptive": ("our DFLASH worker, adaptive policy", "dflash", _policy("adaptive")),
-    # Diagnostic: adaptive without the trials' bias prior across loads (trials.py).
-    "dflash-adaptive-noprior": ("our DFLASH worker, adaptive policy, trial_prior off", "dflash",
-                                _policy("adaptive", trial_prior=False)),
+    # Diagnostic: the adaptive policy's trials as before 2026-12-01 evening (narrow
+    # band for trials of off at every batch, no bias prior across loads).
+    "dflash-adaptive-prev": ("our DFLASH worker, adaptive policy, trial_close_off 0.15, "
+                             "trial_prior off", "dflash",
+                             _policy("adaptive", trial_close_off=0.15, trial_prior=False)),
     "dflash-off": ("our DFLASH worker, policy off (zero-speculation control)", "dflash",
                    _policy("off")),
     "ngram": ("SGLang n-gram speculation (--speculative-algorithm NGRAM)", "ngram", {}),
@@ -74,7 +76,7 @@ CONFIGS = {
                         {"SGLANG_DFLASH_UPSTREAM": "1"}),
 }
 CUDA_ONLY = {"upstream-dflash"}
-DIAGNOSTIC = {"plain-sync", "dflash-adaptive-noprior"}  # not in the full preset
+DIAGNOSTIC = {"plain-sync", "dflash-adaptive-prev"}  # not in the full preset
 
 PRESETS = {
     "full": dict(configs=[c for c in CONFIGS if c not in DIAGNOSTIC], workloads=list(WORKLOADS), concurrency=[1, 4, 8, 16, 32, 64],

@@ -22,7 +22,15 @@ its throughput predictions for every W > 0 by the mean bias of the last
 swells still gets its own width), only its on/off scale is corrected.
 
 When trials run: while the corrected ratio (best W > 0 over W = 0) is within
-(1 / (1 + `close`), 1 + `close`), after the policy's regime held for `steps`
+(1 / (1 + `close`), 1 + `close`), and while on at a batch of `off_batch` or
+more up to 1 + `close_off`: there the model's call erred by far more than
+`close` (at code concurrency 16 it put speculation 1.4-1.8x ahead where the
+served ratio was ~0.96, its W = 0 cost, learned from probes amid wide steps,
+~25% above an off server's), and a trial of off costs at most the speculation
+it skips. Not at small batches: there speculation wins by 1.5-2x and the
+model's call held up in the grids, so a trial of off would cost 1/3-1/2 of
+its steps' throughput for nothing (at concurrency 1 a cell is ~400 steps).
+All after the policy's regime held for `steps`
 steps, on a batch that stayed within a factor 1.5 for the baseline; at the
 same load again after `every` steps and never more than 1 / _SHARE of the
 decode time (by the next trial's expected length). A bias belongs to a load:
@@ -70,6 +78,8 @@ class TrialConfig:
     close: float  # trials run while the corrected on/off ratio is in (1 / (1 + close), 1 + close)
     margin: float  # the policy's switch margin: the model alone runs on above 1 + margin
     prior: bool = True  # keep a bias below 1 as a prior when the load moves (see above)
+    close_off: float | None = None  # while on, at batch >= off_batch: trials of off run below
+    off_batch: int = 16  # ... a corrected ratio 1 + close_off (None: close everywhere)
 
 
 @dataclass(slots=True)
@@ -171,7 +181,9 @@ class RegimeTrials:
         self._follow_load(batch_size)
         bias = self.bias_at(batch_size)
         corrected = ratio * bias
-        if not 1.0 / (1.0 + c.close) < corrected < 1.0 + c.close:
+        wide = on and c.close_off is not None and batch_size >= c.off_batch
+        upper = 1.0 + (c.close_off if wide else c.close)
+        if not 1.0 / (1.0 + c.close) < corrected < upper:
             return None
         if not on and (ratio <= 1.0 + c.margin or bias >= 1.0):
             return None  # off by the model's own judgement (which errs toward on): no check

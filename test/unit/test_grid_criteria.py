@@ -56,8 +56,8 @@ def test_each_criterion_can_fail(adaptive, on, off, plain, conc, ok):
 def test_each_adaptive_variant_gets_its_own_criteria_table():
     cells = _cells({("plain", 8): [100, 100], ("dflash-on", 8): [200, 200],
                     ("dflash-off", 8): [100, 100], ("dflash-adaptive", 8): [195, 196],
-                    ("dflash-adaptive-noprior", 8): [150, 150]})
+                    ("dflash-adaptive-prev", 8): [150, 150]})
     md = "\n".join(grid.adaptive_criteria_md({"cells": cells}))
-    assert "### `dflash-adaptive` against" in md and "### `dflash-adaptive-noprior` against" in md
-    (variant,) = grid.adaptive_criteria(cells, "dflash-adaptive-noprior")
+    assert "### `dflash-adaptive` against" in md and "### `dflash-adaptive-prev` against" in md
+    (variant,) = grid.adaptive_criteria(cells, "dflash-adaptive-prev")
     assert variant["pass"] is False and variant["vs_best_fixed"]["median"] == pytest.approx(0.75)

@@ -138,10 +138,17 @@ KEEP = [dict(clients=8, rate=0.74), dict(clients=16, rate=0.85)]
 
 @pytest.mark.parametrize("load", KEEP)
 def test_trials_keep_speculation_where_it_serves_more(load):
-    # The model puts speculation 20-40% ahead here: no trial at the default
-    # trial_close (0.15); with 0.3 the trials run, confirm it, and cost little.
+    # The model puts speculation 20-40% ahead here: outside trial_close
+    # (0.15), so no trial below trial_off_batch (16); from there trials of off
+    # run up to 1 + trial_close_off, confirm it, and cost little. With the
+    # narrow band everywhere no trial runs.
     on, off, alone, adaptive, policy = serve_all(seconds=60.0, **load)
-    assert on > 1.1 * off and policy.trials.trials == 0 and adaptive == alone
+    assert on > 1.1 * off
+    assert (policy.trials.trials >= 1) == (load["clients"] >= 16)
+    assert adaptive >= 0.97 * max(on, off, alone)
+    assert policy.trials.bias > 0.9
+    on, off, alone, adaptive, policy = serve_all({"trial_close_off": 0.15}, seconds=60.0, **load)
+    assert policy.trials.trials == 0 and adaptive == alone
     on, off, alone, adaptive, policy = serve_all({"trial_close": 0.3}, seconds=60.0, **load)
     assert policy.trials.trials >= 1
     assert adaptive >= 0.97 * max(on, off, alone)
@@ -265,6 +272,10 @@ def test_trial_config_validation():
         PolicyConfig(trial_steps=128, trial_every=64)
     with pytest.raises(ValueError, match="trial_close"):
         PolicyConfig(trial_close=0.0)
+    with pytest.raises(ValueError, match="trial_close_off"):
+        PolicyConfig(trial_close=0.3, trial_close_off=0.2)
+    with pytest.raises(ValueError, match="trial_off_batch"):
+        PolicyConfig(trial_off_batch=0)
     with pytest.raises(ValueError, match="trial_prior"):
         PolicyConfig(trial_prior="yes")
     assert make_policy(trial_steps=0).trials is None
@@ -353,3 +364,15 @@ def test_the_prior_saves_the_next_load_from_the_uncorrected_model():
     (with_prior, spec_with), (without, spec_without) = served[True], served[False]
     assert with_prior >= 0.97 * off and with_prior > 1.05 * without
     assert spec_with < spec_without / 2
+
+
+def test_trials_of_off_reach_further_at_large_batches():
+    """While on, trials of off run up to a corrected ratio 1 + close_off from
+    batch off_batch up (the model's call erred most there, and off is cheap);
+    below it, and for trials of speculation while off, the band is `close`."""
+    wide = TrialConfig(steps=64, every=512, close=0.15, margin=0.05, close_off=1.0, off_batch=16)
+    for bs, on, expect in [(32, True, True), (8, True, False), (32, False, False)]:
+        trials = RegimeTrials(wide)
+        ran = drive(trials, 300, 0, on=on, thr_on=1000.0, thr_off=1200.0, ratio=1.6, bs=bs)
+        assert (trials.trials >= 1) == expect, (bs, on)
+        assert all(r == on for r in ran) != expect
