@@ -47,7 +47,9 @@ speculation, the costly side. While the policy runs off a trial runs only where
 a bias is what keeps it off and the model alone would run on, and not on a
 prior at a batch larger than the one it was measured at: the model errs toward
 speculation, so where it calls off ahead, off is ahead, and a trial of a wide
-verify at a large batch costs several plain steps per step. A trial whose measured half ramped or drained
+verify at a large batch costs several plain steps per step. A regime that flaps (`_FLAPS` switches within a trial's length) never holds
+long enough for a baseline; there a flap trial runs off, then speculation, for
+a trial's length each and compares their second halves (`_flap_trial`). A trial whose measured half ramped or drained
 (a batch outside a factor 1.5 of the baseline's last), or whose steps were
 not fed (idle), gives no evidence; one whose batch leaves a factor 2 of its
 start (the end of a load) stops at once.
@@ -69,6 +71,7 @@ _MOVE_BS = 1.5  # a batch outside this factor of the last trial's is another loa
 _DRAIN_BS = 2.0  # a running trial stops when the batch leaves this factor of its start
 _MEMORY = 3  # trials averaged into the bias
 _SHARE = 16  # trials take at most 1 / _SHARE of the decode time (a due trial waits)
+_FLAPS = 4  # regime switches within one trial's length that make a flapping regime
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +90,7 @@ class _Trial:
     on: bool  # the regime the trial runs: True = speculation (W > 0), False = off
     start: int  # first step of the trial
     base_start: int  # first step of the baseline (the steps before the trial)
+    first: int  # first step the trial imposes a regime (< start: a forced baseline)
 
 
 class RegimeTrials:
@@ -114,6 +118,8 @@ class RegimeTrials:
         self._prior: tuple[float, int] | None = None  # (mean log bias < 0, its load) of a past load
         self._moved = 0  # consecutive steps the batch has been outside a factor _MOVE_BS of it
         self._since_change = 0  # steps the policy's regime has held
+        self._switched: deque[int] = deque(maxlen=_FLAPS)  # steps of the last regime switches
+        self.flap_trials = 0  # trials started because the regime flapped
         self._last_on: bool | None = None
         # step -> [committed tokens, period seconds, batch size, model ratio] of
         # recent steps (tokens and period None until fed)
@@ -160,11 +166,12 @@ class RegimeTrials:
         before the bias; on: the regime the policy is in; cost_ratio: the
         model's step time of that width over W = 0's (how long a trial lasts)."""
         self._remember(step, batch_size, ratio)
-        self._since_change = self._since_change + 1 if on == self._last_on else 1
+        changed = self._last_on is not None and on != self._last_on
+        self._since_change = 1 if changed else self._since_change + 1
         self._last_on = on
         c = self.cfg
         if self.trial is not None:
-            start_bs = self._steps[self.trial.start][2]
+            start_bs = self._steps[self.trial.first][2]
             if not _near(batch_size, start_bs, _DRAIN_BS):
                 # The load drains (or bursts) under the trial: its measure would
                 # not be this load's, and the drain's last requests would wait
@@ -175,9 +182,12 @@ class RegimeTrials:
                 return None
             if step < self.trial.start + c.steps + _LAG:
                 self.trial_steps += 1
-                return self.trial.on
+                return self.trial.on if step >= self.trial.start else not self.trial.on
             self._evaluate(step, batch_size)
+            self._switched.clear()  # the trial's own switches are no flapping
             return None
+        if changed:
+            self._switched.append(step)
         self._follow_load(batch_size)
         bias = self.bias_at(batch_size)
         corrected = ratio * bias
@@ -185,11 +195,14 @@ class RegimeTrials:
         upper = 1.0 + (c.close_off if wide else c.close)
         if not 1.0 / (1.0 + c.close) < corrected < upper:
             return None
-        if not on and (ratio <= 1.0 + c.margin or bias >= 1.0):
+        flapping = sum(s > step - c.steps for s in self._switched) >= _FLAPS
+        if flapping:
+            pass  # a close call the model cannot settle: measure both regimes (_flap_trial)
+        elif not on and (ratio <= 1.0 + c.margin or bias >= 1.0):
             return None  # off by the model's own judgement (which errs toward on): no check
-        if not on and not self.log_bias and batch_size > self._prior[1]:
+        elif not on and not self.log_bias and batch_size > self._prior[1]:
             return None  # off by a prior from a smaller load: speculation costs more here
-        if self._since_change < c.steps:
+        elif self._since_change < c.steps:
             return None  # the regime has not held long enough for a baseline
         same_load = self._load is not None
         if same_load and step - self._ended < c.every:
@@ -198,11 +211,35 @@ class RegimeTrials:
             return None
         if same_load:  # trials take at most 1 / _SHARE of the decode time
             wait = (_SHARE - 1) * self._duration(step, not on, cost_ratio)
+            if flapping:  # a flap trial runs both regimes
+                wait += (_SHARE - 1) * self._duration(step, on, cost_ratio)
             if self._clock - self._ended_clock < wait:
                 return None
-        self.trial = _Trial(not on, step, step - c.steps // 2)
+        self._switched.clear()
+        if flapping:
+            return self._flap_trial(step)
+        self.trial = _Trial(not on, step, step - c.steps // 2, step)
         self.trial_steps += 1
         return self.trial.on
+
+    def _flap_trial(self, step: int) -> bool:
+        """A trial for a flapping regime: off for `steps` steps (the second
+        half is the baseline), then speculation for `steps`, measured as usual.
+
+        Why: where the model's on/off ratio hovers around 1 within its own
+        noise (a W = 0 cost estimate moving 38-64 ms step to step, batches
+        crossing a cost bucket), the hysteresis still lets the regime switch
+        every few dozen steps, so no regime holds a trial's length and no
+        ordinary trial ever starts; in the serving grid one such cell
+        (code c32) ran at 0.43x the off server with speculation on 52% of
+        its steps (benchmark/RESULTS.md, grid-eos-trials-wide). A flap trial
+        makes its own baseline instead of waiting for one."""
+        c = self.cfg
+        start = step + c.steps
+        self.trial = _Trial(True, start, start - c.steps // 2, step)
+        self.trial_steps += 1
+        self.flap_trials += 1
+        return False
 
     def _follow_load(self, batch_size: int) -> None:
         """Drop the bias once the batch has stayed outside a factor _MOVE_BS of
@@ -294,6 +331,7 @@ class RegimeTrials:
             "in_trial": self.trial is not None,
             "trials": self.trials,
             "trial_steps": self.trial_steps,
+            "flap_trials": self.flap_trials,
             "last_measured_on_over_off": None if self.last_measured is None
             else round(self.last_measured, 4),
             "log_bias": [round(x, 4) for x in self.log_bias],

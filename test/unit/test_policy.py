@@ -419,8 +419,10 @@ def test_no_flapping_at_threshold_with_noise(spec_margin):
     # probe_share None: every probe on the interval, in both (flapping follows probes).
     policy = make_policy(spec_margin=spec_margin, probe_share=None)
     run(policy, rates, bs, 2000, rng, noise=0.05)
+    # Without hysteresis, and without regime trials (whose flap trials would
+    # measure the tie and damp the flapping: trials.py).
     naive = make_policy(spec_margin=spec_margin, switch_margin=0.0, urgent_margin=0.0,
-                        switch_patience=1, probe_share=None)
+                        switch_patience=1, probe_share=None, trial_steps=0)
     run(naive, rates, bs, 2000, random.Random(2), noise=0.05)
     assert policy.switches <= 6, policy.snapshot()
     assert naive.switches > 3 * max(policy.switches, 1)  # the test would catch flapping

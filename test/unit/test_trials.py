@@ -376,3 +376,32 @@ def test_trials_of_off_reach_further_at_large_batches():
         ran = drive(trials, 300, 0, on=on, thr_on=1000.0, thr_off=1200.0, ratio=1.6, bs=bs)
         assert (trials.trials >= 1) == expect, (bs, on)
         assert all(r == on for r in ran) != expect
+
+
+def test_a_flapping_regime_gets_a_trial_that_makes_its_own_baseline():
+    """The policy switches on and off every 10 steps (a model ratio hovering
+    around 1): no regime holds a trial's length, so no ordinary trial starts;
+    after _FLAPS switches within a trial's length a flap trial runs off for
+    `steps` steps, then on for `steps` (+ _LAG), and measures their second halves."""
+    trials = RegimeTrials(CFG)
+    ran, s = [], 0
+    while trials.trials == 0 and s < 600:
+        policy_on = (s // 10) % 2 == 0
+        ran += drive(trials, 1, s, on=policy_on, thr_on=1000.0, thr_off=1250.0)
+        s += 1
+    assert trials.trials == 1 and trials.flap_trials == 1
+    first = 40  # the 4th switch (steps 10, 20, 30, 40) starts it
+    assert ran[first:first + 64] == [False] * 64
+    assert ran[first + 64:first + 128 + _LAG] == [True] * (64 + _LAG)
+    assert trials.last_measured == pytest.approx(1000 / 1250)
+    assert trials.bias == pytest.approx(1000 / 1250 / 1.1)
+    # Unless the policy settles, the same load waits `every` steps and the share limit.
+    more = drive(trials, 300, s, on=True, thr_on=1000.0, thr_off=1250.0)
+    assert trials.trials == 1 and all(more)
+
+
+def test_flapping_with_a_clear_winner_starts_no_trial():
+    trials = RegimeTrials(CFG)
+    for s in range(400):  # switches every 10 steps, but the model puts on far ahead
+        drive(trials, 1, s, on=(s // 10) % 2 == 0, thr_on=1000.0, thr_off=1250.0, ratio=1.6)
+    assert trials.trials == 0 and trials.trial is None
