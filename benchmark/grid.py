@@ -65,7 +65,8 @@ CONFIGS = {
     "dflash-on": ("our DFLASH worker, policy on (always full block)", "dflash", _policy("on")),
     "dflash-adaptive": ("our DFLASH worker, adaptive policy", "dflash", _policy("adaptive")),
     # Diagnostic: the adaptive policy's trials as before 2026-12-01 evening (narrow
-    # band for trials of off at every batch, no bias prior across loads).
+    # band for trials of off at every batch, no bias prior across loads); flap
+    # trials (added after grid-eos-trials-wide) are not switched off here.
     "dflash-adaptive-prev": ("our DFLASH worker, adaptive policy, trial_close_off 0.15, "
                              "trial_prior off", "dflash",
                              _policy("adaptive", trial_close_off=0.15, trial_prior=False)),
