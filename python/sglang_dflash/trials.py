@@ -23,11 +23,12 @@ swells still gets its own width), only its on/off scale is corrected.
 
 When trials run: while the corrected ratio (best W > 0 over W = 0) is within
 (1 / (1 + `close`), 1 + `close`), and while on at a batch of `off_batch` or
-more up to 1 + `close_off`: there the model's call erred by far more than
-`close` (at code concurrency 16 it put speculation 1.4-1.8x ahead where the
-served ratio was ~0.96, its W = 0 cost, learned from probes amid wide steps,
-~25% above an off server's), and a trial of off costs at most the speculation
-it skips. Not at small batches: there speculation wins by 1.5-2x and the
+more up to 1 + `close_off`: there the model's call can err by far more than
+`close` (in one code concurrency-16 cell it put speculation 1.4-1.8x ahead,
+and speculating on 93% of the steps served 0.96x the off server; its few
+W = 0 steps ran at 37 ms against the off server's 30: benchmark/RESULTS.md,
+grid-eos-trials-wide), and a trial of off costs at most the speculation it
+skips. Not at small batches: there speculation wins by 1.5-2x and the
 model's call held up in the grids, so a trial of off would cost 1/3-1/2 of
 its steps' throughput for nothing (at concurrency 1 a cell is ~400 steps).
 All after the policy's regime held for `steps`
