@@ -826,10 +826,10 @@ class SpeculationPolicy:
         self.trials = None
         self._pre_trial: int | None = None  # the decided width a running trial interrupted
         if cfg.mode == "adaptive" and cfg.trial_steps > 0 and self.widths[0] == 0 and positive:
-            self.trials = RegimeTrials(TrialConfig(cfg.trial_steps, cfg.trial_every,
-                                                   cfg.trial_close, cfg.switch_margin,
-                                                   cfg.trial_prior, cfg.trial_close_off,
-                                                   cfg.trial_off_batch))
+            self.trials = RegimeTrials(TrialConfig(
+                steps=cfg.trial_steps, every=cfg.trial_every, close=cfg.trial_close,
+                margin=cfg.switch_margin, prior=cfg.trial_prior, close_off=cfg.trial_close_off,
+                off_batch=cfg.trial_off_batch))
 
     @classmethod
     def from_profile(cls, cfg: PolicyConfig, block_size: int,

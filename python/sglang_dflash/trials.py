@@ -130,9 +130,10 @@ class RegimeTrials:
     @property
     def bias(self) -> float:
         """Measured over predicted on/off throughput ratio (1 before any trial)."""
-        if not self.log_bias:
-            return 1.0
-        return math.exp(sum(self.log_bias) / len(self.log_bias))
+        return math.exp(self._mean_log_bias())
+
+    def _mean_log_bias(self) -> float:
+        return sum(self.log_bias) / len(self.log_bias) if self.log_bias else 0.0
 
     def bias_at(self, batch_size: int) -> float:
         """The bias the policy applies at `batch_size`: this load's measured
@@ -196,15 +197,16 @@ class RegimeTrials:
         upper = 1.0 + (c.close_off if wide else c.close)
         if not 1.0 / (1.0 + c.close) < corrected < upper:
             return None
+        # A flapping regime is a close call the model cannot settle: no regime
+        # holds for a baseline, so a flap trial measures both (_flap_trial).
         flapping = sum(s > step - c.steps for s in self._switched) >= _FLAPS
-        if flapping:
-            pass  # a close call the model cannot settle: measure both regimes (_flap_trial)
-        elif not on and (ratio <= 1.0 + c.margin or bias >= 1.0):
-            return None  # off by the model's own judgement (which errs toward on): no check
-        elif not on and not self.log_bias and batch_size > self._prior[1]:
-            return None  # off by a prior from a smaller load: speculation costs more here
-        elif self._since_change < c.steps:
-            return None  # the regime has not held long enough for a baseline
+        if not flapping:
+            if not on and (ratio <= 1.0 + c.margin or bias >= 1.0):
+                return None  # off by the model's own judgement (which errs toward on): no check
+            if not on and not self.log_bias and batch_size > self._prior[1]:
+                return None  # off by a prior from a smaller load: speculation costs more here
+            if self._since_change < c.steps:
+                return None  # the regime has not held long enough for a baseline
         same_load = self._load is not None
         if same_load and step - self._ended < c.every:
             return None  # the same load as the last trial: not yet again
@@ -253,7 +255,7 @@ class RegimeTrials:
         inside = _near(batch_size, self._load, _MOVE_BS)
         self._moved = 0 if inside else self._moved + 1
         if self._moved >= self.cfg.steps // 2:
-            mean = sum(self.log_bias) / len(self.log_bias)
+            mean = self._mean_log_bias()
             self._prior = (mean, self._load) if self.cfg.prior and mean < 0 else None
             self.log_bias.clear()
             self._load, self._moved = None, 0
