@@ -519,7 +519,8 @@ class CostModel:
     profile does not see (on a CPU server the scheduler's own work is a large
     share of a small model's step, and it does not grow with W), s_b corrects
     the profiled compute. A bucket without observations borrows the nearest
-    observed bucket's (F, s); with none at all the model is the profile.
+    observed bucket's (F, s), F scaled per request when it lies above it
+    (`_borrowed`); with none at all the model is the profile.
     Each observed (bucket, W) cell also keeps its own measured / profiled
     factor, which dominates that cell's prediction after a few steps
     (n / (n + prior_weight)): the widths actually run are predicted as
@@ -553,7 +554,7 @@ class CostModel:
         self._base_cache: dict[tuple[int, int], float] = {}
         self.ema = float(ema)
         self._fits: dict[int, _AffineFit] = {}  # bucket -> fit
-        self._params: dict[int, tuple[float, float]] = {}  # bucket -> solved (F, s), cached
+        self._params: dict[int, tuple[float, float, bool]] = {}  # bucket -> (F, s, per request), cached
         # (bucket, W) -> [log residual, aged weight, step of the last sample, samples]
         self._cells: dict[tuple[int, int], list[float]] = {}
         self.cell_keep = 1.0 - float(ema) / 16.0  # per observed step: time constant 16 / ema steps
@@ -618,19 +619,45 @@ class CostModel:
 
     def params(self, bs: int) -> tuple[float, float]:
         """(F seconds, scale s) of the online fit at this batch size."""
-        bucket = bs.bit_length()
+        f, scale, per_request = self._bucket_params(bs.bit_length())
+        return (f * bs if per_request else f), scale
+
+    def _bucket_params(self, bucket: int) -> tuple[float, float, bool]:
+        """(F, s, per_request) of a bucket, cached; with per_request, F is
+        seconds per request in the batch (borrowed upward, `_borrowed`)."""
         cached = self._params.get(bucket)
         if cached is not None:
             return cached
         if bucket in self._fits:
             near = self._nearest(bucket, exclude=bucket)
-            f0 = self.params_of(near)[0] if near is not None else 0.0
-            value = self._fits[bucket].solve(self.prior_weight, f0)
+            f0 = self._borrowed(bucket, near, 1 << (bucket - 1))[0] if near is not None else 0.0
+            value = (*self._fits[bucket].solve(self.prior_weight, f0), False)
         else:
             near = self._nearest(bucket)
-            value = self.params_of(near) if near is not None else (0.0, 1.0)
+            value = self._borrowed(bucket, near) if near is not None else (0.0, 1.0, False)
         self._params[bucket] = value
         return value
+
+    def _borrowed(self, bucket: int, near: int, bs: int = 0) -> tuple[float, float, bool]:
+        """The observed bucket `near`'s (F, s) for use at `bucket`: above
+        `near`, F per request of near's mean batch (times `bs` when given,
+        else per_request = True); below it, F as it is.
+
+        Why per request upward: most of what the profile (the dense layers)
+        misses grows with the batch: the scheduler's per-request work, the
+        attention over each request's own context. On the CPU demo server a
+        W = 0 step took 20 / 34 / 81 ms at batch 16 / 32 / 64 (math, a grid's
+        off server); borrowing the bs-32 bucket's F unscaled predicted 42 ms
+        at batch 64, put W = 7 at 8.6x W = 0 (measured ~4x) and turned
+        speculation off for 43 steps where it ran 1.4x ahead of off. Downward
+        F stays: part of it is per step, and erring high on the cost of W = 0
+        errs toward speculation, where a smaller batch leaves it room (and the
+        bucket's own steps correct it within a few)."""
+        f, scale = self.params_of(near)
+        if bucket <= near:
+            return f, scale, False
+        f /= self._fits[near].mean_bs()
+        return (f * bs, scale, False) if bs else (f, scale, True)
 
     def params_of(self, bucket: int) -> tuple[float, float]:
         """(F, s) solved from one observed bucket's own data alone (prior F = 0)."""

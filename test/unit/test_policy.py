@@ -645,6 +645,32 @@ def test_online_fit_separates_fixed_overhead_from_compute():
     assert max(range(B), key=thr.__getitem__) > 0
 
 
+def test_unobserved_larger_batch_borrows_the_overhead_per_request():
+    """What the profile misses grows with the batch on a real server (the
+    scheduler's per-request work, attention over each context): a W = 0 step
+    of the CPU demo server took 20 / 34 / 81 ms at batch 16 / 32 / 64.
+    Timed only around batch 34, the model must predict batch 64-100 with
+    that overhead per request, not unscaled (42 ms predicted at batch 64
+    turned speculation off where it was 1.4x ahead); below, it keeps F
+    (erring high on W = 0 there errs toward speculation)."""
+    per_request = 0.001
+
+    def served(bs, w):
+        return true_cost(bs, w) + per_request * bs
+
+    model = CostModel.from_profile(profile())
+    for bs in (32, 33, 34, 35, 36) * 20:
+        for w in (0, 7):
+            model.observe(bs, w, served(bs, w))
+    for bs in (64, 100, 250):
+        for w in (0, 7):
+            assert model.predict(bs, w) == pytest.approx(served(bs, w), rel=0.1), (bs, w)
+    assert model.predict(8, 0) >= served(8, 0) + 0.8 * per_request * (34 - 8)
+    # The fit's weak prior at a new bucket starts from the same per-request F.
+    model.observe(64, 0, served(64, 0))
+    assert model.predict(64, 7) == pytest.approx(served(64, 7), rel=0.1)
+
+
 def test_online_fit_stays_sane_with_a_bad_profile_and_outliers():
     """The start-up profile taken on a busy host (wide widths 5x too expensive),
     steps measured with a fixed overhead the profile does not see, and
