@@ -70,6 +70,10 @@ CONFIGS = {
     "dflash-adaptive-prev": ("our DFLASH worker, adaptive policy, trial_close_off 0.15, "
                              "trial_prior off", "dflash",
                              _policy("adaptive", trial_close_off=0.15, trial_prior=False)),
+    # Diagnostic: the wide band for trials of off at batch >= 16 (the default
+    # from 43273df to this config's addition; trials.py says why it is off).
+    "dflash-adaptive-wide": ("our DFLASH worker, adaptive policy, trial_close_off 1.0", "dflash",
+                             _policy("adaptive", trial_close_off=1.0)),
     "dflash-off": ("our DFLASH worker, policy off (zero-speculation control)", "dflash",
                    _policy("off")),
     "ngram": ("SGLang n-gram speculation (--speculative-algorithm NGRAM)", "ngram", {}),
@@ -77,7 +81,7 @@ CONFIGS = {
                         {"SGLANG_DFLASH_UPSTREAM": "1"}),
 }
 CUDA_ONLY = {"upstream-dflash"}
-DIAGNOSTIC = {"plain-sync", "dflash-adaptive-prev"}  # not in the full preset
+DIAGNOSTIC = {"plain-sync", "dflash-adaptive-prev", "dflash-adaptive-wide"}  # not in the full preset
 
 PRESETS = {
     "full": dict(configs=[c for c in CONFIGS if c not in DIAGNOSTIC], workloads=list(WORKLOADS), concurrency=[1, 4, 8, 16, 32, 64],

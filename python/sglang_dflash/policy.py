@@ -146,8 +146,8 @@ class PolicyConfig:
     trial_steps: int = 128  # steps of an on/off trial (trials.py); 0 = no trials, no bias
     trial_every: int = 1024  # steps between trials while the load holds
     trial_close: float = 0.15  # trials run while corrected best-on/off is in (1/(1+this), 1+this)
-    trial_close_off: float = 1.0  # while on at batch >= trial_off_batch, trials of off run up to
-    trial_off_batch: int = 16  # ... a corrected ratio of 1 + trial_close_off (trials.py)
+    trial_close_off: float | None = None  # while on at batch >= trial_off_batch, trials of off run
+    trial_off_batch: int = 16  # ... up to a corrected ratio 1 + this (None: trial_close; trials.py)
     trial_prior: bool = True  # a load's bias < 1 stays as a prior at the next load until measured
 
     def __post_init__(self) -> None:
@@ -236,9 +236,9 @@ def _check_trials(c: PolicyConfig) -> None:
              c.trial_every, f"must be an int >= trial_steps = {c.trial_steps}")
     _require(_is_real(c.trial_close) and math.isfinite(c.trial_close) and c.trial_close > 0,
              "trial_close", c.trial_close, "must be a finite number > 0")
-    _require(_is_real(c.trial_close_off) and math.isfinite(c.trial_close_off)
-             and c.trial_close_off >= c.trial_close, "trial_close_off", c.trial_close_off,
-             f"must be a finite number >= trial_close = {c.trial_close}")
+    _require(c.trial_close_off is None or (_is_real(c.trial_close_off) and math.isfinite(
+             c.trial_close_off) and c.trial_close_off >= c.trial_close), "trial_close_off",
+             c.trial_close_off, f"must be null or a finite number >= trial_close = {c.trial_close}")
     _require(_is_int(c.trial_off_batch) and c.trial_off_batch >= 1, "trial_off_batch",
              c.trial_off_batch, "must be an int >= 1")
     _require(isinstance(c.trial_prior, bool), "trial_prior", c.trial_prior, "must be a bool")

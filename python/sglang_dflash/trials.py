@@ -22,13 +22,20 @@ its throughput predictions for every W > 0 by the mean bias of the last
 swells still gets its own width), only its on/off scale is corrected.
 
 When trials run: while the corrected ratio (best W > 0 over W = 0) is within
-(1 / (1 + `close`), 1 + `close`), and while on at a batch of `off_batch` or
-more up to 1 + `close_off`: there the model's call can err by far more than
-`close` (in one code concurrency-16 cell it put speculation 1.4-1.8x ahead,
-and speculating on 93% of the steps served 0.96x the off server; its few
-W = 0 steps ran at 37 ms against the off server's 30: benchmark/RESULTS.md,
-grid-eos-trials-wide), and a trial of off costs at most the speculation it
-skips. Not at small batches: there speculation wins by 1.5-2x and the
+(1 / (1 + `close`), 1 + `close`); with `close_off` set, while on at a batch of
+`off_batch` or more up to 1 + `close_off` (a wider band for trials of off).
+The wide band is off by default (the policy's `trial_close_off` null). Why
+it exists: in one code concurrency-16 cell the model put speculation
+1.4-1.8x ahead, and speculating on 93% of the steps served 0.96x the off
+server (its few W = 0 steps ran at 37 ms against the off server's 30:
+benchmark/RESULTS.md, grid-eos-trials-wide). Why not by default: a trial of
+off costs the speculation it skips, and where the model is right that is
+most of a trial's steps' gain. On math at concurrency 16-64 (grid-eos-math)
+the model put speculation 1.22-1.44x ahead, always-on served 1.2-1.5x the
+off server, and in every such cell a trial of off ran 128-132 of its
+250-290 decode steps at W = 0 (speculation on for 38-49% of the steps); the
+cell above could have gained at most 4% from being off. Below `off_batch`
+the band is `close` either way: there speculation wins by 1.5-2x and the
 model's call held up in the grids, so a trial of off would cost 1/3-1/2 of
 its steps' throughput for nothing (at concurrency 1 a cell is ~400 steps).
 All after the policy's regime held for `steps`

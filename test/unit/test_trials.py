@@ -139,16 +139,16 @@ KEEP = [dict(clients=8, rate=0.74), dict(clients=16, rate=0.85)]
 @pytest.mark.parametrize("load", KEEP)
 def test_trials_keep_speculation_where_it_serves_more(load):
     # The model puts speculation 20-40% ahead here: outside trial_close
-    # (0.15), so no trial below trial_off_batch (16); from there trials of off
-    # run up to 1 + trial_close_off, confirm it, and cost little. With the
-    # narrow band everywhere no trial runs.
+    # (0.15), so by default no trial runs. With the wide band for trials of
+    # off (trial_close_off 1.0) they run from trial_off_batch (16) up, confirm
+    # it, and cost little over a long load (but cost a short one: trials.py).
     on, off, alone, adaptive, policy = serve_all(seconds=60.0, **load)
     assert on > 1.1 * off
+    assert policy.trials.trials == 0 and adaptive == alone
+    on, off, alone, adaptive, policy = serve_all({"trial_close_off": 1.0}, seconds=60.0, **load)
     assert (policy.trials.trials >= 1) == (load["clients"] >= 16)
     assert adaptive >= 0.97 * max(on, off, alone)
     assert policy.trials.bias > 0.9
-    on, off, alone, adaptive, policy = serve_all({"trial_close_off": 0.15}, seconds=60.0, **load)
-    assert policy.trials.trials == 0 and adaptive == alone
     on, off, alone, adaptive, policy = serve_all({"trial_close": 0.3}, seconds=60.0, **load)
     assert policy.trials.trials >= 1
     assert adaptive >= 0.97 * max(on, off, alone)
@@ -274,6 +274,7 @@ def test_trial_config_validation():
         PolicyConfig(trial_close=0.0)
     with pytest.raises(ValueError, match="trial_close_off"):
         PolicyConfig(trial_close=0.3, trial_close_off=0.2)
+    assert PolicyConfig(trial_close=0.3).trial_close_off is None  # default: trial_close's band
     with pytest.raises(ValueError, match="trial_off_batch"):
         PolicyConfig(trial_off_batch=0)
     with pytest.raises(ValueError, match="trial_prior"):
