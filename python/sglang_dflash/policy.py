@@ -630,7 +630,10 @@ class CostModel:
             return cached
         if bucket in self._fits:
             near = self._nearest(bucket, exclude=bucket)
-            f0 = self._borrowed(bucket, near, 1 << (bucket - 1))[0] if near is not None else 0.0
+            f0 = 0.0
+            if near is not None:  # the borrowed F at the bucket's smallest batch
+                f0, _, per_request = self._borrowed(bucket, near)
+                f0 *= (1 << (bucket - 1)) if per_request else 1
             value = (*self._fits[bucket].solve(self.prior_weight, f0), False)
         else:
             near = self._nearest(bucket)
@@ -638,10 +641,10 @@ class CostModel:
         self._params[bucket] = value
         return value
 
-    def _borrowed(self, bucket: int, near: int, bs: int = 0) -> tuple[float, float, bool]:
-        """The observed bucket `near`'s (F, s) for use at `bucket`: above
-        `near`, F per request of near's mean batch (times `bs` when given,
-        else per_request = True); below it, F as it is.
+    def _borrowed(self, bucket: int, near: int) -> tuple[float, float, bool]:
+        """The observed bucket `near`'s (F, s, per_request) for use at
+        `bucket`: above `near`, F per request of near's mean batch
+        (per_request = True); below it, F as it is.
 
         Why per request upward: most of what the profile (the dense layers)
         misses grows with the batch: the scheduler's per-request work, the
@@ -656,8 +659,7 @@ class CostModel:
         f, scale = self.params_of(near)
         if bucket <= near:
             return f, scale, False
-        f /= self._fits[near].mean_bs()
-        return (f * bs, scale, False) if bs else (f, scale, True)
+        return f / self._fits[near].mean_bs(), scale, True
 
     def params_of(self, bucket: int) -> tuple[float, float]:
         """(F, s) solved from one observed bucket's own data alone (prior F = 0)."""
