@@ -19,7 +19,7 @@ accept_len + 1 including the bonus; E(W) is the expected commit_len).
   every step the weights decay by the half-life but never below `min_weight`,
   so a position that is not reached (W < j, or speculation off) keeps its last
   estimate while fresh observations, e.g. from a probe, quickly outweigh it.
-* `CostModel` is profiled at start-up and corrected online (form below).
+* `CostModel` (cost_model.py) is profiled at start-up and corrected online.
 * `SpeculationPolicy` takes the argmax with hysteresis (margin + patience, an
   immediate switch only for a large gain) and probes: while off, every
   `probe_interval` steps one step runs at `probe_width`; while on, one step
@@ -78,34 +78,20 @@ device tensor, so no call forces a device sync.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from numbers import Integral, Real
 from typing import Any
 
+from sglang_dflash.cost_model import CostModel, is_int, is_real, policy_error
 from sglang_dflash.trials import RegimeTrials, TrialConfig
 
 MODES = ("adaptive", "fixed", "on", "off")
-_PREFIX = "speculation policy: "
-
-
-def _fail(message: str) -> ValueError:
-    return ValueError(_PREFIX + message)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, Integral) and not isinstance(value, bool)
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool) and not math.isnan(value)
 
 
 def _require(ok: bool, key: str, value: Any, rule: str) -> None:
     if not ok:
-        raise _fail(f"{key} = {value!r} {rule}")
+        raise policy_error(f"{key} = {value!r} {rule}")
 
 
 # ---------------------------------------------------------------------------
@@ -162,67 +148,67 @@ class PolicyConfig:
     def from_dict(cls, d: Mapping[str, Any]) -> PolicyConfig:
         """Build from a JSON-like dict; unknown keys raise `ValueError` naming them."""
         if not isinstance(d, Mapping):
-            raise _fail(f"config must be a JSON object, got {type(d).__name__}")
+            raise policy_error(f"config must be a JSON object, got {type(d).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise _fail(f"unknown config key(s) {unknown}; known keys: {sorted(known)}")
+            raise policy_error(f"unknown config key(s) {unknown}; known keys: {sorted(known)}")
         return cls(**dict(d))
 
 
 def _check_modes(c: PolicyConfig) -> None:
     _require(c.mode in MODES, "mode", c.mode, f"must be one of {list(MODES)}")
     if c.mode == "fixed":
-        _require(_is_int(c.fixed_width) and c.fixed_width >= 0, "fixed_width", c.fixed_width,
+        _require(is_int(c.fixed_width) and c.fixed_width >= 0, "fixed_width", c.fixed_width,
                  "must be an int >= 0 when mode = 'fixed'")
     else:
         _require(c.fixed_width is None, "fixed_width", c.fixed_width,
                  f"is only used with mode = 'fixed' (mode is {c.mode!r})")
     if c.widths is not None:
         w = c.widths
-        _require(len(w) > 0 and all(_is_int(x) and x >= 0 for x in w), "widths", list(w),
+        _require(len(w) > 0 and all(is_int(x) and x >= 0 for x in w), "widths", list(w),
                  "must be a non-empty list of ints >= 0")
         _require(list(w) == sorted(set(w)), "widths", list(w), "must be strictly increasing")
 
 
 def _check_hysteresis(c: PolicyConfig) -> None:
-    _require(_is_real(c.spec_margin) and 0 <= c.spec_margin < 1, "spec_margin", c.spec_margin,
+    _require(is_real(c.spec_margin) and 0 <= c.spec_margin < 1, "spec_margin", c.spec_margin,
              "must be a number in [0, 1)")
-    _require(_is_int(c.load_window) and c.load_window >= 0, "load_window", c.load_window,
+    _require(is_int(c.load_window) and c.load_window >= 0, "load_window", c.load_window,
              "must be an int >= 0 (0 = judge W = 0 at the current batch)")
-    _require(_is_real(c.switch_margin) and 0 <= c.switch_margin < 1, "switch_margin",
+    _require(is_real(c.switch_margin) and 0 <= c.switch_margin < 1, "switch_margin",
              c.switch_margin, "must be a number in [0, 1)")
-    _require(_is_real(c.urgent_margin) and c.urgent_margin >= c.switch_margin, "urgent_margin",
+    _require(is_real(c.urgent_margin) and c.urgent_margin >= c.switch_margin, "urgent_margin",
              c.urgent_margin, f"must be a number >= switch_margin = {c.switch_margin}")
-    _require(_is_int(c.switch_patience) and c.switch_patience >= 1, "switch_patience",
+    _require(is_int(c.switch_patience) and c.switch_patience >= 1, "switch_patience",
              c.switch_patience, "must be an int >= 1")
-    _require(_is_int(c.probe_interval) and c.probe_interval >= 0, "probe_interval",
+    _require(is_int(c.probe_interval) and c.probe_interval >= 0, "probe_interval",
              c.probe_interval, "must be an int >= 0 (0 disables probing)")
-    _require(_is_int(c.probe_length) and c.probe_length >= 1, "probe_length", c.probe_length,
+    _require(is_int(c.probe_length) and c.probe_length >= 1, "probe_length", c.probe_length,
              "must be an int >= 1")
-    _require(_is_int(c.probe_width) and c.probe_width >= 1, "probe_width", c.probe_width,
+    _require(is_int(c.probe_width) and c.probe_width >= 1, "probe_width", c.probe_width,
              "must be an int >= 1")
-    _require(_is_int(c.probe_backoff) and c.probe_backoff >= 1, "probe_backoff", c.probe_backoff,
+    _require(is_int(c.probe_backoff) and c.probe_backoff >= 1, "probe_backoff", c.probe_backoff,
              "must be an int >= 1 (1 = a fixed probe interval)")
-    _require(c.probe_share is None or (_is_real(c.probe_share) and 0 < c.probe_share <= 1),
+    _require(c.probe_share is None or (is_real(c.probe_share) and 0 < c.probe_share <= 1),
              "probe_share", c.probe_share, "must be a number in (0, 1], or null (no limit)")
 
 
 def _check_estimators(c: PolicyConfig) -> None:
-    _require(_is_real(c.acceptance_half_life) and c.acceptance_half_life > 0,
+    _require(is_real(c.acceptance_half_life) and c.acceptance_half_life > 0,
              "acceptance_half_life", c.acceptance_half_life,
              "must be a number > 0 (inf = no decay)")
     for key in ("min_weight", "request_prior_weight", "cost_prior_weight"):
         value = getattr(c, key)
-        _require(_is_real(value) and math.isfinite(value) and value > 0, key, value,
+        _require(is_real(value) and math.isfinite(value) and value > 0, key, value,
                  "must be a finite number > 0")
-    _require(_is_real(c.prior_rate) and 0 <= c.prior_rate <= 1, "prior_rate", c.prior_rate,
+    _require(is_real(c.prior_rate) and 0 <= c.prior_rate <= 1, "prior_rate", c.prior_rate,
              "must be a number in [0, 1]")
-    _require(_is_int(c.max_tracked_requests) and c.max_tracked_requests >= 1,
+    _require(is_int(c.max_tracked_requests) and c.max_tracked_requests >= 1,
              "max_tracked_requests", c.max_tracked_requests, "must be an int >= 1")
-    _require(_is_real(c.cost_ema) and 0 < c.cost_ema <= 1, "cost_ema", c.cost_ema,
+    _require(is_real(c.cost_ema) and 0 < c.cost_ema <= 1, "cost_ema", c.cost_ema,
              "must be a number in (0, 1]")
-    _require(_is_real(c.cost_outlier_ratio) and math.isfinite(c.cost_outlier_ratio)
+    _require(is_real(c.cost_outlier_ratio) and math.isfinite(c.cost_outlier_ratio)
              and c.cost_outlier_ratio > 1, "cost_outlier_ratio", c.cost_outlier_ratio,
              "must be a finite number > 1")
     _require(isinstance(c.pad_batch_to_profile, bool), "pad_batch_to_profile",
@@ -230,16 +216,16 @@ def _check_estimators(c: PolicyConfig) -> None:
 
 
 def _check_trials(c: PolicyConfig) -> None:
-    _require(_is_int(c.trial_steps) and (c.trial_steps == 0 or c.trial_steps >= 8), "trial_steps",
+    _require(is_int(c.trial_steps) and (c.trial_steps == 0 or c.trial_steps >= 8), "trial_steps",
              c.trial_steps, "must be an int >= 8, or 0 (no trials)")
-    _require(_is_int(c.trial_every) and c.trial_every >= c.trial_steps, "trial_every",
+    _require(is_int(c.trial_every) and c.trial_every >= c.trial_steps, "trial_every",
              c.trial_every, f"must be an int >= trial_steps = {c.trial_steps}")
-    _require(_is_real(c.trial_close) and math.isfinite(c.trial_close) and c.trial_close > 0,
+    _require(is_real(c.trial_close) and math.isfinite(c.trial_close) and c.trial_close > 0,
              "trial_close", c.trial_close, "must be a finite number > 0")
-    _require(c.trial_close_off is None or (_is_real(c.trial_close_off) and math.isfinite(
+    _require(c.trial_close_off is None or (is_real(c.trial_close_off) and math.isfinite(
              c.trial_close_off) and c.trial_close_off >= c.trial_close), "trial_close_off",
              c.trial_close_off, f"must be null or a finite number >= trial_close = {c.trial_close}")
-    _require(_is_int(c.trial_off_batch) and c.trial_off_batch >= 1, "trial_off_batch",
+    _require(is_int(c.trial_off_batch) and c.trial_off_batch >= 1, "trial_off_batch",
              c.trial_off_batch, "must be an int >= 1")
     _require(isinstance(c.trial_prior, bool), "trial_prior", c.trial_prior, "must be a bool")
 
@@ -267,8 +253,8 @@ def _position_counts(width: int, accept_lens: Sequence[int]) -> tuple[list[int],
     """
     hist = [0] * (width + 1)
     for i, a in enumerate(accept_lens):
-        if not (_is_int(a) and 0 <= a <= width):
-            raise _fail(f"accept_lens[{i}] = {a!r} must be an int in [0, width = {width}]")
+        if not (is_int(a) and 0 <= a <= width):
+            raise policy_error(f"accept_lens[{i}] = {a!r} must be an int in [0, width = {width}]")
         hist[a] += 1
     reached, accepted = [0] * width, [0] * width
     at_least = 0  # requests with accept_len >= j
@@ -305,8 +291,8 @@ class AcceptanceStats:
 
     def __init__(self, num_positions: int, half_life: float = math.inf,
                  prior_rate: float = 0.7, min_weight: float = 4.0) -> None:
-        if not (_is_int(num_positions) and num_positions >= 1):
-            raise _fail(f"num_positions = {num_positions!r} must be an int >= 1")
+        if not (is_int(num_positions) and num_positions >= 1):
+            raise policy_error(f"num_positions = {num_positions!r} must be an int >= 1")
         self.decay = 0.5 ** (1.0 / half_life)
         self.min_weight = float(min_weight)
         self.prior_rate = float(prior_rate)
@@ -345,8 +331,8 @@ class AcceptanceStats:
 
     def observe(self, width: int, accept_lens: Sequence[int]) -> None:
         """Merge one verify step: `accept_lens[i]` drafts of request i accepted (0..width)."""
-        if not (_is_int(width) and 0 <= width <= len(self.mean)):
-            raise _fail(f"width = {width!r} must be an int in [0, {len(self.mean)}]")
+        if not (is_int(width) and 0 <= width <= len(self.mean)):
+            raise policy_error(f"width = {width!r} must be an int in [0, {len(self.mean)}]")
         self._age()
         reached, accepted = _position_counts(width, accept_lens)
         for j in range(width):
@@ -382,394 +368,6 @@ class _RequestStats:
         """Per-request a_j shrunk toward the batch rates (`prior_weight` pseudo-counts)."""
         return [(acc + prior_weight * p) / (n + prior_weight)
                 for acc, n, p in zip(self.accepted, self.reached, prior)]
-
-
-# ---------------------------------------------------------------------------
-# Step cost
-# ---------------------------------------------------------------------------
-
-
-class _Curve:
-    """Monotone piecewise-linear y(x) through per-x averaged knots.
-
-    Knot values are made non-decreasing by a running min from the right (a
-    larger batch never costs less): an upward timing spike at one knot (a busy
-    host during the start-up profile) is replaced by a larger knot's value
-    instead of being propagated to every larger knot, as a running max from
-    the left would. Below the first knot the curve is flat (fixed overheads
-    dominate tiny batches); above the last it continues with the last
-    segment's slope, or proportionally to x with a single knot.
-    """
-
-    __slots__ = ("xs", "ys")
-
-    def __init__(self, points: Iterable[tuple[float, float]]) -> None:
-        groups: dict[float, list[float]] = {}
-        for x, y in points:
-            groups.setdefault(float(x), []).append(float(y))
-        self.xs = sorted(groups)
-        self.ys, running = [], math.inf
-        for x in reversed(self.xs):
-            running = min(running, math.fsum(groups[x]) / len(groups[x]))
-            self.ys.append(running)
-        self.ys.reverse()
-
-    def __call__(self, x: float) -> float:
-        xs, ys = self.xs, self.ys
-        if x <= xs[0]:
-            return ys[0]
-        if x >= xs[-1]:
-            if len(xs) == 1:
-                return ys[0] * x / xs[0]
-            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-            return ys[-1] + slope * (x - xs[-1])
-        i = bisect_right(xs, x)
-        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-
-
-def _parse_sample(i: int, s: Any) -> tuple[int, int, bool, float]:
-    try:
-        bs, q, drafted, sec = s
-    except (TypeError, ValueError):
-        raise _fail(f"profile sample {i} = {s!r} must be (bs, tokens_per_request, drafted, "
-                    "seconds)") from None
-    ok = (_is_int(bs) and bs >= 1 and _is_int(q) and q >= 1 and isinstance(drafted, bool)
-          and _is_real(sec) and math.isfinite(sec) and sec > 0)
-    if not ok:
-        raise _fail(f"profile sample {i} = {s!r}: need int bs >= 1, int tokens_per_request "
-                    ">= 1, bool drafted, finite seconds > 0")
-    return int(bs), int(q), drafted, float(sec)
-
-
-MIN_SCALE = 0.2  # lower bound of the online scale on the profiled compute
-
-
-class _AffineFit:
-    """Exponentially forgetting least squares of y = F + s * x for one batch-size bucket.
-
-    x is the profiled step cost, y the measured one. F is what the profile
-    cannot see and every step pays regardless of width (scheduler, Python,
-    sampling, kernel launches); s scales the profiled compute. A ridge prior
-    of `prior_weight` pseudo-steps at s = 1 (at the bucket's typical x) makes a
-    bucket observed at one width only attribute the gap to F, i.e. assume the
-    profile's width-to-width differences are right; steps at several widths
-    (probes) let the data move s. A prior 20x weaker holds F toward `f0` (the
-    nearest other bucket's estimate).
-    """
-
-    __slots__ = ("n", "sx", "sy", "sxx", "sxy", "sbs", "steps")
-
-    def __init__(self) -> None:
-        self.n = self.sx = self.sy = self.sxx = self.sxy = self.sbs = 0.0
-        self.steps = 0
-
-    def add(self, x: float, y: float, bs: int, keep: float) -> None:
-        self.n = self.n * keep + 1.0
-        self.sx = self.sx * keep + x
-        self.sy = self.sy * keep + y
-        self.sxx = self.sxx * keep + x * x
-        self.sxy = self.sxy * keep + x * y
-        self.sbs = self.sbs * keep + bs
-        self.steps += 1
-
-    def solve(self, prior_weight: float, f0: float) -> tuple[float, float]:
-        """(F, s) minimizing the forgetting squared error plus the priors,
-        constrained to F >= 0 and s >= MIN_SCALE: a step never costs less than
-        nothing, and an unconstrained fit of noisy steps at nearby widths can
-        tip F negative, after which predictions (and the outlier clip that is
-        relative to them) run away."""
-        xbar = self.sx / self.n
-        ks = prior_weight * xbar * xbar
-        kf = prior_weight / 20.0  # weak: a fixed gap goes 95% to F, 5% to s
-        a00, a01, a11 = self.n + kf, self.sx, self.sxx + ks
-        b0, b1 = self.sy + kf * f0, self.sxy + ks
-        det = a00 * a11 - a01 * a01
-        f = (b0 * a11 - a01 * b1) / det
-        scale = (a00 * b1 - a01 * b0) / det
-        if f < 0.0:  # on the F = 0 boundary: scale alone
-            f, scale = 0.0, b1 / a11
-        if scale < MIN_SCALE:  # on the s = MIN_SCALE boundary: F alone
-            scale = MIN_SCALE
-            f = max((b0 - a01 * scale) / a00, 0.0)
-        return f, scale
-
-    def mean_bs(self) -> float:
-        return self.sbs / self.n
-
-
-class CostModel:
-    """Seconds of one decode step: t(bs, W) = F_b + s_b * [V(bs, W+1) + 1{W>0} D(bs)].
-
-    The bracket is the start-up profile (`base`):
-    * V(bs, q), the target forward at q tokens per request, is a table
-      interpolation of the undrafted profile samples: one monotone
-      piecewise-linear curve in bs per profiled q, linearly interpolated between
-      profiled q (on running-min-from-the-right values, so V is non-decreasing
-      in q and robust to upward timing spikes). Outside
-      the profiled q range it assumes cost depends on total tokens bs*q:
-      V(bs, q) = V_{q0}(bs * q / q0) for the nearest profiled q0. A profile with
-      only q = 1 therefore is piecewise-linear in total tokens.
-    * D(bs), the drafter forward (roughly proportional to bs, independent of W
-      since it always drafts the full block), is a monotone piecewise-linear
-      curve of the drafted samples' residuals seconds - V(bs, q), clamped >= 0.
-
-    (F_b, s_b) is learned online from measured step times, per batch-size
-    bucket b = bs.bit_length() (`_AffineFit`): F_b is the per-step cost the
-    profile does not see (on a CPU server the scheduler's own work is a large
-    share of a small model's step, and it does not grow with W), s_b corrects
-    the profiled compute. A bucket without observations borrows the nearest
-    observed bucket's (F, s), F scaled per request when it lies above it
-    (`_borrowed`); with none at all the model is the profile.
-    Each observed (bucket, W) cell also keeps its own measured / profiled
-    factor, which dominates that cell's prediction after a few steps
-    (n / (n + prior_weight)): the widths actually run are predicted as
-    measured, however far off the profile is there; the affine fit is only
-    the extrapolation to widths not run yet. A cell's learning rate follows
-    its weight aged by the steps since its last sample, so widths measured
-    only by rare probes track recent measurements.
-    Why affine and not a multiplicative correction: a fixed overhead learned as
-    a factor on the profile inflates the wide widths' predicted cost by the
-    same factor, which turned speculation off where it paid.
-
-    With `pad_batch=True` a batch size is first rounded up to the next profiled
-    batch size (unchanged beyond the largest): when the profile holds exactly
-    the captured CUDA-graph sizes, this is the padding a replay really pays,
-    where linear interpolation between sizes would be optimistic.
-    """
-
-    def __init__(self, verify: Mapping[int, _Curve], draft: _Curve, *, ema: float = 0.05,
-                 prior_weight: float = 1.0, outlier_ratio: float = 3.0,
-                 pad_batch: bool = False) -> None:
-        self._qs = sorted(verify)
-        self._verify = [verify[q] for q in self._qs]
-        self._draft = draft
-        self._padded_sizes = sorted({int(x) for c in self._verify for x in c.xs}
-                                    | {int(x) for x in draft.xs}) if pad_batch else []
-        # The affine fit extrapolates to widths not run lately, so it forgets 4x
-        # slower than the cells: a stretch at one width must not drag it away.
-        self.keep = 1.0 - float(ema) / 4.0
-        self.prior_weight = float(prior_weight)
-        self.outlier_ratio = float(outlier_ratio)
-        self._base_cache: dict[tuple[int, int], float] = {}
-        self.ema = float(ema)
-        self._fits: dict[int, _AffineFit] = {}  # bucket -> fit
-        self._params: dict[int, tuple[float, float, bool]] = {}  # bucket -> (F, s, per request), cached
-        # (bucket, W) -> [log residual, aged weight, step of the last sample, samples]
-        self._cells: dict[tuple[int, int], list[float]] = {}
-        self.cell_keep = 1.0 - float(ema) / 16.0  # per observed step: time constant 16 / ema steps
-        self._step = 0  # observed steps, the clock that ages cells
-
-    @classmethod
-    def from_profile(cls, samples: Iterable[Any], **options: Any) -> CostModel:
-        """Fit from measured `(bs, tokens_per_request, drafted, seconds)` samples.
-
-        Needs at least one undrafted and one drafted sample. Best: undrafted
-        samples at every candidate q = W+1 for several batch sizes (e.g. the
-        captured CUDA-graph sizes), and drafted ones at those batch sizes.
-        `options` takes the keyword arguments `ema`, `prior_weight`,
-        `outlier_ratio`, `pad_batch`.
-        """
-        parsed = [_parse_sample(i, s) for i, s in enumerate(samples)]
-        plain: dict[int, list[tuple[int, float]]] = {}
-        for bs, q, drafted, sec in parsed:
-            if not drafted:
-                plain.setdefault(q, []).append((bs, sec))
-        if not plain or all(not p[2] for p in parsed):
-            raise _fail("cost profile needs at least one undrafted and one drafted sample "
-                        "(the draft term is their difference)")
-        verify = {q: _Curve(pts) for q, pts in plain.items()}
-        fit = cls(verify, _Curve([(1, 0.0)]))  # residuals at the samples' own bs: no padding
-        draft = _Curve([(bs, max(sec - fit._verify_cost(bs, q), 0.0))
-                        for bs, q, drafted, sec in parsed if drafted])
-        return cls(verify, draft, **options)
-
-    def _verify_cost(self, bs: int, q: int) -> float:
-        qs, curves = self._qs, self._verify
-        if q <= qs[0]:
-            return curves[0](bs * q / qs[0])
-        values = [c(bs) for c in curves]
-        for k in range(len(values) - 2, -1, -1):  # running min from the right, as in _Curve
-            values[k] = min(values[k], values[k + 1])
-        for k in range(1, len(qs)):
-            if q <= qs[k]:
-                lam = (q - qs[k - 1]) / (qs[k] - qs[k - 1])
-                return values[k - 1] + lam * (values[k] - values[k - 1])
-        return max(values[-1], curves[-1](bs * q / qs[-1]))
-
-    def base(self, bs: int, width: int) -> float:
-        """Profiled seconds (no online correction); cached per (bs, W)."""
-        key = (bs, width)
-        t = self._base_cache.get(key)
-        if t is None:
-            sizes = self._padded_sizes
-            if sizes and bs < sizes[-1]:
-                bs = sizes[bisect_right(sizes, bs - 1)]  # smallest profiled size >= bs
-            t = self._verify_cost(bs, width + 1) + (self._draft(bs) if width > 0 else 0.0)
-            if len(self._base_cache) > 65536:  # NOTE: bounded; bs values are few in practice
-                self._base_cache.clear()
-            self._base_cache[key] = t = max(t, 1e-9)
-        return t
-
-    def _nearest(self, bucket: int, exclude: int | None = None) -> int | None:
-        """The observed bucket nearest to `bucket` other than `exclude` (the
-        smaller one on a tie), or None."""
-        others = [b for b in self._fits if b != exclude]
-        return min(others, key=lambda b: (abs(b - bucket), b)) if others else None
-
-    def params(self, bs: int) -> tuple[float, float]:
-        """(F seconds, scale s) of the online fit at this batch size."""
-        f, scale, per_request = self._bucket_params(bs.bit_length())
-        return (f * bs if per_request else f), scale
-
-    def _bucket_params(self, bucket: int) -> tuple[float, float, bool]:
-        """(F, s, per_request) of a bucket, cached; with per_request, F is
-        seconds per request in the batch (borrowed upward, `_borrowed`)."""
-        cached = self._params.get(bucket)
-        if cached is not None:
-            return cached
-        if bucket in self._fits:
-            near = self._nearest(bucket, exclude=bucket)
-            f0 = 0.0
-            if near is not None:  # the borrowed F at the bucket's smallest batch
-                f0, _, per_request = self._borrowed(bucket, near)
-                f0 *= (1 << (bucket - 1)) if per_request else 1
-            value = (*self._fits[bucket].solve(self.prior_weight, f0), False)
-        else:
-            near = self._nearest(bucket)
-            value = self._borrowed(bucket, near) if near is not None else (0.0, 1.0, False)
-        self._params[bucket] = value
-        return value
-
-    def _borrowed(self, bucket: int, near: int) -> tuple[float, float, bool]:
-        """The observed bucket `near`'s (F, s, per_request) for use at
-        `bucket`: above `near`, F per request of near's mean batch
-        (per_request = True); below it, F as it is.
-
-        Why per request upward: most of what the profile (the dense layers)
-        misses grows with the batch: the scheduler's per-request work, the
-        attention over each request's own context. On the CPU demo server a
-        W = 0 step took 20 / 34 / 81 ms at batch 16 / 32 / 64 (math, a grid's
-        off server); borrowing the bs-32 bucket's F unscaled predicted 42 ms
-        at batch 64, put W = 7 at 8.6x W = 0 (measured ~4x) and turned
-        speculation off for 43 steps where it ran 1.4x ahead of off. Downward
-        F stays: part of it is per step, and erring high on the cost of W = 0
-        errs toward speculation, where a smaller batch leaves it room (and the
-        bucket's own steps correct it within a few)."""
-        f, scale = self.params_of(near)
-        if bucket <= near:
-            return f, scale, False
-        return f / self._fits[near].mean_bs(), scale, True
-
-    def params_of(self, bucket: int) -> tuple[float, float]:
-        """(F, s) solved from one observed bucket's own data alone (prior F = 0)."""
-        return self._fits[bucket].solve(self.prior_weight, 0.0)
-
-    def observed(self, bs: int, width: int) -> bool:
-        """Whether a step at this width was timed in bs's bucket."""
-        return (bs.bit_length(), width) in self._cells
-
-    def correction(self, bs: int, width: int) -> float:
-        """Current predicted / profiled seconds at (bs, W)."""
-        return self.predict(bs, width) / self.base(bs, width)
-
-    def _affine(self, bs: int, width: int) -> float:
-        f, scale = self.params(bs)
-        return max(f + scale * self.base(bs, width), 1e-9)
-
-    def predict(self, bs: int, width: int) -> float:
-        """Predicted seconds of one step at batch size bs and verify width W.
-
-        An observed (bucket, W) cell predicts from its own measurements
-        (profiled base x the cell's learned factor), blended with the affine
-        fit by n / (n + prior_weight); an unobserved cell uses the fit alone.
-        """
-        aff = self._affine(bs, width)
-        cell = self._cells.get((bs.bit_length(), width))
-        if cell is None:
-            return aff
-        lam = cell[3] / (cell[3] + self.prior_weight)  # samples seen, not their aged weight
-        own = cell[0] + math.log(self.base(bs, width))
-        return math.exp(lam * own + (1.0 - lam) * math.log(aff))
-
-    def observe(self, bs: int, width: int, seconds: float) -> None:
-        """Learn from one measured decode step.
-
-        The cell keeps the mean of log(measured / profiled) (an EMA after
-        1/ema steps); from its fourth step on, a measurement is clipped to
-        `outlier_ratio` of the cell's own estimate (a GC pause, another
-        process); before that to outlier_ratio**2 of the model's prediction,
-        which may be far off (a profile taken on a busy host) and must not
-        stop the data from correcting it.
-        """
-        if not (_is_real(seconds) and math.isfinite(seconds) and seconds > 0):
-            raise _fail(f"step_seconds = {seconds!r} must be a finite number > 0")
-        bucket = bs.bit_length()
-        base = self.base(bs, width)
-        self._step += 1
-        cell = self._cells.setdefault((bucket, width), [0.0, 0.0, self._step, 0])
-        # Age the cell's weight by the steps since its last sample (time
-        # constant 16 / ema steps): a width measured every step keeps the ema
-        # window, one measured only by rare probes (every 50-200 steps) gives
-        # each new sample a weight of ~0.2-0.4, so one disturbed stretch
-        # (another process on the host) cannot bias it for thousands of steps.
-        cell[1] *= self.cell_keep ** (self._step - cell[2])
-        cell[2] = self._step
-        cell[3] += 1
-        log_ratio = math.log(seconds / base)
-        if cell[3] > 3:  # around the cell's own estimate
-            clip = math.log(self.outlier_ratio)
-            center = cell[0]
-        else:  # around the model's prediction, with the squared (wider) ratio
-            clip = 2.0 * math.log(self.outlier_ratio)
-            center = math.log(self.predict(bs, width) / base)
-        log_ratio = min(max(log_ratio, center - clip), center + clip)
-        cell[1] += 1.0
-        cell[0] += max(self.ema, 1.0 / cell[1]) * (log_ratio - cell[0])  # a mean until 1/ema steps
-        fit = self._fits.get(bucket)
-        if fit is None:
-            fit = self._fits[bucket] = _AffineFit()
-        fit.add(base, base * math.exp(log_ratio), bs, self.keep)
-        self._params.clear()  # neighbours borrow from this bucket
-
-    def forget(self, bs: int, width: int, weight: float) -> None:
-        """Cap the aged weight of bs's (bucket, W) cell at `weight`, so its
-        next samples move the estimate most of the way (a load's cost differs
-        from another's at the same batch size: its contexts are longer or
-        shorter)."""
-        cell = self._cells.get((bs.bit_length(), width))
-        if cell is not None:
-            cell[1], cell[2] = min(self.cell_weight(bs, width), weight), self._step
-
-    def cell_weight(self, bs: int, width: int) -> float:
-        """Aged weight of bs's (bucket, W) cell now: about its samples of the
-        last 16 / ema observed steps (0 if never observed)."""
-        cell = self._cells.get((bs.bit_length(), width))
-        if cell is None:
-            return 0.0
-        return cell[1] * self.cell_keep ** (self._step - cell[2])
-
-    def has_observations(self) -> bool:
-        """Whether any step time has been observed (in any bucket)."""
-        return bool(self._fits)
-
-    def bucket_batch_sizes(self) -> list[int]:
-        """The mean batch size of every observed batch-size bucket, by bucket."""
-        return [max(1, round(self._fits[b].mean_bs())) for b in sorted(self._fits)]
-
-    def snapshot(self) -> dict:
-        """JSON-serializable state of the online fit, per observed bucket."""
-        buckets = {}
-        for b in sorted(self._fits):
-            f, scale = self.params(1 << (b - 1))
-            fit = self._fits[b]
-            buckets[f"bs{1 << (b - 1)}-{(1 << b) - 1}"] = {
-                "overhead_ms": round(f * 1e3, 3), "scale": round(scale, 4),
-                "steps": fit.steps, "mean_bs": round(fit.mean_bs(), 1)}
-        cells = {f"bucket{b}/w{w}": {"measured/profiled": round(math.exp(c[0]), 4), "steps": int(c[3]),
-                                     "weight": round(c[1], 2)}
-                 for (b, w), c in sorted(self._cells.items())}
-        return {"buckets": buckets, "cells": cells}
 
 
 # ---------------------------------------------------------------------------
@@ -814,8 +412,8 @@ class SpeculationPolicy:
 
     def __init__(self, cfg: PolicyConfig, block_size: int,
                  cost_model: CostModel | None = None) -> None:
-        if not (_is_int(block_size) and block_size >= 2):
-            raise _fail(f"block_size = {block_size!r} must be an int >= 2")
+        if not (is_int(block_size) and block_size >= 2):
+            raise policy_error(f"block_size = {block_size!r} must be an int >= 2")
         top = block_size - 1
         self.cfg, self.block_size = cfg, block_size
         self.widths = tuple(cfg.widths) if cfg.widths is not None else tuple(range(block_size))
@@ -825,7 +423,7 @@ class SpeculationPolicy:
             _require(cfg.fixed_width <= top, "fixed_width", cfg.fixed_width,
                      f"must be <= block_size - 1 = {top}")
         if cfg.mode == "adaptive" and cost_model is None:
-            raise _fail("mode 'adaptive' needs a CostModel (CostModel.from_profile)")
+            raise policy_error("mode 'adaptive' needs a CostModel (CostModel.from_profile)")
         self.cost = cost_model
         self.stats = AcceptanceStats(top, cfg.acceptance_half_life, cfg.prior_rate,
                                      cfg.min_weight)
@@ -876,7 +474,7 @@ class SpeculationPolicy:
                     request_ids: Sequence[Hashable] | None = None) -> list[float]:
         """Predicted committed tokens/s for each candidate width (order of `widths`)."""
         if self.cost is None:
-            raise _fail("throughputs need a CostModel")
+            raise policy_error("throughputs need a CostModel")
         if request_ids is not None and self._requests:
             commit = self._batch_commits(request_ids)
         else:
@@ -898,8 +496,8 @@ class SpeculationPolicy:
     def choose_width(self, batch_size: int,
                      request_ids: Sequence[Hashable] | None = None) -> int:
         """Verify width for this step. `batch_size` = requests in the decode batch."""
-        if not (_is_int(batch_size) and batch_size >= 1):
-            raise _fail(f"batch_size = {batch_size!r} must be an int >= 1")
+        if not (is_int(batch_size) and batch_size >= 1):
+            raise policy_error(f"batch_size = {batch_size!r} must be an int >= 1")
         w = self.width
         bucket = batch_size.bit_length()
         self._bucket_run = self._bucket_run + 1 if bucket == self._bucket else 1
@@ -1230,10 +828,10 @@ class SpeculationPolicy:
         the regime trials' token count; None = not counted.
         """
         if len(accept_lens) != batch_size:
-            raise _fail(f"len(accept_lens) = {len(accept_lens)} != batch_size = {batch_size}")
+            raise policy_error(f"len(accept_lens) = {len(accept_lens)} != batch_size = {batch_size}")
         if width == 0:
             if any(accept_lens):
-                raise _fail("accept_lens must be all 0 at width 0")
+                raise policy_error("accept_lens must be all 0 at width 0")
             self.observe_plain(step_seconds, batch_size, step)
             return
         self.stats.observe(width, accept_lens)
@@ -1270,7 +868,7 @@ class SpeculationPolicy:
     def _observe_requests(self, width: int, accept_lens: Sequence[int],
                           request_ids: Sequence[Hashable]) -> None:
         if len(request_ids) != len(accept_lens):
-            raise _fail(f"len(request_ids) = {len(request_ids)} != "
+            raise policy_error(f"len(request_ids) = {len(request_ids)} != "
                         f"len(accept_lens) = {len(accept_lens)}")
         n = len(self.stats.mean)
         for rid, a in zip(request_ids, accept_lens):

@@ -13,9 +13,9 @@ import random
 import time
 
 import pytest
+from sglang_dflash.cost_model import CostModel
 from sglang_dflash.policy import (
     AcceptanceStats,
-    CostModel,
     PolicyConfig,
     SpeculationPolicy,
     best_width_bruteforce,
