@@ -18,6 +18,8 @@ CORE_MODULES = [
     "sglang_dflash.rejection",
     "sglang_dflash.prompts",
     "sglang_dflash.policy",
+    "sglang_dflash.cost_model",
+    "sglang_dflash.trials",
     "sglang_dflash.stats",
     "sglang_dflash.verify",
     "sglang_dflash.verify_attention",
