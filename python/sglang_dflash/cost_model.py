@@ -29,6 +29,25 @@ def is_real(value: Any) -> bool:
     return isinstance(value, Real) and not isinstance(value, bool) and not math.isnan(value)
 
 
+def bucket_of(bs: int) -> int:
+    """The batch-size bucket of `bs`: the octave (2^(b-1), 2^b]; bucket 0 is batch 1.
+
+    Why octaves that end at a power of two: a saturated load runs at its cap
+    (max_running_requests or the number of clients, powers of two in
+    practice) and dips a few requests below it whenever requests finish and
+    wait for their replacements' prefill. With octaves that start at a power
+    of two (bs.bit_length()) such a load straddled two buckets, each learning
+    its own overhead from part of the samples, and the model's on/off call
+    jumped with the batch: math at concurrency 64 put speculation 1.52x ahead
+    at batch 64 and 0.94x at 61-63 (benchmark/RESULTS.md, grid-eos-head)."""
+    return (bs - 1).bit_length()
+
+
+def bucket_range(bucket: int) -> tuple[int, int]:
+    """The smallest and largest batch size of a bucket."""
+    return (1, 1) if bucket == 0 else ((1 << (bucket - 1)) + 1, 1 << bucket)
+
+
 class _Curve:
     """Monotone piecewise-linear y(x) through per-x averaged knots.
 
@@ -155,7 +174,7 @@ class CostModel:
       curve of the drafted samples' residuals seconds - V(bs, q), clamped >= 0.
 
     (F_b, s_b) is learned online from measured step times, per batch-size
-    bucket b = bs.bit_length() (`_AffineFit`): F_b is the per-step cost the
+    bucket b = `bucket_of(bs)` (`_AffineFit`): F_b is the per-step cost the
     profile does not see (on a CPU server the scheduler's own work is a large
     share of a small model's step, and it does not grow with W), s_b corrects
     the profiled compute. A bucket without observations borrows the nearest
@@ -259,7 +278,7 @@ class CostModel:
 
     def params(self, bs: int) -> tuple[float, float]:
         """(F seconds, scale s) of the online fit at this batch size."""
-        f, scale, per_request = self._bucket_params(bs.bit_length())
+        f, scale, per_request = self._bucket_params(bucket_of(bs))
         return (f * bs if per_request else f), scale
 
     def _bucket_params(self, bucket: int) -> tuple[float, float, bool]:
@@ -273,7 +292,7 @@ class CostModel:
             f0 = 0.0
             if near is not None:  # the borrowed F at the bucket's smallest batch
                 f0, _, per_request = self._borrowed(bucket, near)
-                f0 *= (1 << (bucket - 1)) if per_request else 1
+                f0 *= bucket_range(bucket)[0] if per_request else 1
             value = (*self._fits[bucket].solve(self.prior_weight, f0), False)
         else:
             near = self._nearest(bucket)
@@ -307,7 +326,7 @@ class CostModel:
 
     def observed(self, bs: int, width: int) -> bool:
         """Whether a step at this width was timed in bs's bucket."""
-        return (bs.bit_length(), width) in self._cells
+        return (bucket_of(bs), width) in self._cells
 
     def correction(self, bs: int, width: int) -> float:
         """Current predicted / profiled seconds at (bs, W)."""
@@ -325,7 +344,7 @@ class CostModel:
         fit by n / (n + prior_weight); an unobserved cell uses the fit alone.
         """
         aff = self._affine(bs, width)
-        cell = self._cells.get((bs.bit_length(), width))
+        cell = self._cells.get((bucket_of(bs), width))
         if cell is None:
             return aff
         lam = cell[3] / (cell[3] + self.prior_weight)  # samples seen, not their aged weight
@@ -344,7 +363,7 @@ class CostModel:
         """
         if not (is_real(seconds) and math.isfinite(seconds) and seconds > 0):
             raise policy_error(f"step_seconds = {seconds!r} must be a finite number > 0")
-        bucket = bs.bit_length()
+        bucket = bucket_of(bs)
         base = self.base(bs, width)
         self._step += 1
         cell = self._cells.setdefault((bucket, width), [0.0, 0.0, self._step, 0])
@@ -377,14 +396,14 @@ class CostModel:
         next samples move the estimate most of the way (a load's cost differs
         from another's at the same batch size: its contexts are longer or
         shorter)."""
-        cell = self._cells.get((bs.bit_length(), width))
+        cell = self._cells.get((bucket_of(bs), width))
         if cell is not None:
             cell[1], cell[2] = min(self.cell_weight(bs, width), weight), self._step
 
     def cell_weight(self, bs: int, width: int) -> float:
         """Aged weight of bs's (bucket, W) cell now: about its samples of the
         last 16 / ema observed steps (0 if never observed)."""
-        cell = self._cells.get((bs.bit_length(), width))
+        cell = self._cells.get((bucket_of(bs), width))
         if cell is None:
             return 0.0
         return cell[1] * self.cell_keep ** (self._step - cell[2])
@@ -401,9 +420,10 @@ class CostModel:
         """JSON-serializable state of the online fit, per observed bucket."""
         buckets = {}
         for b in sorted(self._fits):
-            f, scale = self.params(1 << (b - 1))
+            lo, hi = bucket_range(b)
+            f, scale = self.params(lo)
             fit = self._fits[b]
-            buckets[f"bs{1 << (b - 1)}-{(1 << b) - 1}"] = {
+            buckets[f"bs{lo}-{hi}"] = {
                 "overhead_ms": round(f * 1e3, 3), "scale": round(scale, 4),
                 "steps": fit.steps, "mean_bs": round(fit.mean_bs(), 1)}
         cells = {f"bucket{b}/w{w}": {"measured/profiled": round(math.exp(c[0]), 4), "steps": int(c[3]),

@@ -83,7 +83,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from sglang_dflash.cost_model import CostModel, is_int, is_real, policy_error
+from sglang_dflash.cost_model import CostModel, bucket_of, is_int, is_real, policy_error
 from sglang_dflash.trials import RegimeTrials, TrialConfig
 
 MODES = ("adaptive", "fixed", "on", "off")
@@ -499,7 +499,7 @@ class SpeculationPolicy:
         if not (is_int(batch_size) and batch_size >= 1):
             raise policy_error(f"batch_size = {batch_size!r} must be an int >= 1")
         w = self.width
-        bucket = batch_size.bit_length()
+        bucket = bucket_of(batch_size)
         self._bucket_run = self._bucket_run + 1 if bucket == self._bucket else 1
         self._bucket = bucket
         if bucket != self._settled and self._bucket_run >= self._settle_steps():
@@ -690,7 +690,7 @@ class SpeculationPolicy:
         unmeasured = self._off_cost_unmeasured(batch_size)
         if not (unmeasured or self._off_estimate_stale(batch_size, thr)):
             return None
-        bucket = batch_size.bit_length()
+        bucket = bucket_of(batch_size)
         if unmeasured:
             self._early_off_probes[bucket] = self._early_off_probes.get(bucket, 0) + 1
         else:
@@ -776,7 +776,7 @@ class SpeculationPolicy:
         """On, W = 0 a candidate, and no off step timed in this batch-size bucket yet."""
         return (self.width > 0 and self.widths[0] == 0 and self.cost is not None
                 and not self.cost.observed(batch_size, 0)
-                and self._early_off_probes.get(batch_size.bit_length(), 0) < _EARLY_OFF_PROBES)
+                and self._early_off_probes.get(bucket_of(batch_size), 0) < _EARLY_OFF_PROBES)
 
     def _off_estimate_stale(self, batch_size: int, thr: list[float]) -> bool:
         """On, W = 0 measured in this bucket but not lately (the cell's aged
@@ -805,7 +805,7 @@ class SpeculationPolicy:
         if not (self.width > 0 and self.widths[0] == 0 and self.cost is not None
                 and self.cost.observed(batch_size, 0)):
             return False
-        last = self._last_off_probe.get(batch_size.bit_length())
+        last = self._last_off_probe.get(bucket_of(batch_size))
         new_load = last is None or last < self._settled_step
         if not new_load and self.steps - last < 2 * self.cfg.probe_interval:
             return False

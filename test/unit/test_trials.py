@@ -138,8 +138,8 @@ KEEP = [dict(clients=8, rate=0.74), dict(clients=16, rate=0.85)]
 
 @pytest.mark.parametrize("load", KEEP)
 def test_trials_keep_speculation_where_it_serves_more(load):
-    # The model puts speculation 20-40% ahead here: outside trial_close
-    # (0.15), so by default no trial runs. With the wide band for trials of
+    # The model puts speculation 20-50% ahead here: outside trial_close
+    # (0.15), so by default no trial runs; inside a band of 0.6 they do. With the wide band for trials of
     # off (trial_close_off 1.0) they run from trial_off_batch (16) up, confirm
     # it, and cost little over a long load (but cost a short one: trials.py).
     on, off, alone, adaptive, policy = serve_all(seconds=60.0, **load)
@@ -149,7 +149,7 @@ def test_trials_keep_speculation_where_it_serves_more(load):
     assert (policy.trials.trials >= 1) == (load["clients"] >= 16)
     assert adaptive >= 0.97 * max(on, off, alone)
     assert policy.trials.bias > 0.9
-    on, off, alone, adaptive, policy = serve_all({"trial_close": 0.3}, seconds=60.0, **load)
+    on, off, alone, adaptive, policy = serve_all({"trial_close": 0.6}, seconds=60.0, **load)
     assert policy.trials.trials >= 1
     assert adaptive >= 0.97 * max(on, off, alone)
     assert policy.trials.bias > 0.9
