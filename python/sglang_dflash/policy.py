@@ -442,10 +442,10 @@ class SpeculationPolicy:
         self._probe_at = 0  # ... and its width
         self._requests: dict[Hashable, _RequestStats] = {}
         self._early_off_probes: dict[int, int] = {}  # bucket -> early off probes run
-        self._bucket, self._bucket_run = 0, 0  # batch-size bucket of the last steps, and for how many
+        self._bucket, self._bucket_run = -1, 0  # batch-size bucket of the last steps (-1: none yet), and for how many
         self._cold_steps = 0  # steps held at the cold-start width before any step was timed
         self._backoff = 1  # probe interval multiplier: 1, 2, 4, ... up to cfg.probe_backoff
-        self._settled = 0  # the bucket the batch last stayed in for interval / 8 steps
+        self._settled = -1  # the bucket the batch last stayed in for interval / 8 steps (-1: none; 0 is batch 1)
         self._settled_step = 0  # ... since this step (the current load's start)
         self._recent_bs: deque[int] = deque(maxlen=max(1, cfg.load_window))  # for load_window
         self._last_off_probe: dict[int, int] = {}  # bucket -> step of its last early / refresh off probe
@@ -674,9 +674,9 @@ class SpeculationPolicy:
         decision is close (`_off_estimate_stale`); None if neither.
 
         The unmeasured case comes early (after interval / 8 steps, all in that
-        bucket: not for the one-step dips of a draining batch, bs 4 -> 3 while
-        a finished request is replaced, which spent 12 of a c4 cell's ~130
-        steps off in bucket bs 2-3) and lasts two steps longer than a
+        bucket: not for the one-step dips of a batch while a finished request
+        is replaced, which, when bs 4 -> 3 still crossed a bucket edge, spent
+        12 of a c4 cell's ~130 steps off) and lasts two steps longer than a
         periodic probe (more samples): until then W = 0 is predicted by the
         bucket's affine fit, learned from wide steps only, which charges it the
         wide steps' unexplained time (seen in the serving grid: W = 0 predicted
