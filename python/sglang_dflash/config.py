@@ -28,10 +28,10 @@ would derive sliding layers from `max_window_layers`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from numbers import Integral, Real
 from typing import Any
+
+from sglang_dflash.checks import is_finite, is_int
 
 ARCHITECTURE_VERSIONS = {"DFlashDraftModel": 1, "DFlash2DraftModel": 2}
 DEFAULT_BLOCK_SIZE = 16  # sglang's default when the checkpoint names none
@@ -127,7 +127,7 @@ def _check_backbone(c: DrafterConfig) -> None:
                 "num_attention_heads", "num_key_value_heads", "head_dim",
                 "max_position_embeddings", "vocab_size"):
         value = getattr(c, key)
-        _require(_is_int(value) and value >= 1, key, value, "must be an int >= 1")
+        _require(is_int(value) and value >= 1, key, value, "must be an int >= 1")
     _require(c.num_attention_heads % c.num_key_value_heads == 0,
              "num_key_value_heads", c.num_key_value_heads,
              f"must divide num_attention_heads = {c.num_attention_heads}")
@@ -150,7 +150,7 @@ def _fill_layer_attention(c: DrafterConfig) -> None:
         _require(isinstance(is_causal, bool), f"layer_causal[{i}]", is_causal, "must be a bool")
         if w is None:
             continue
-        _require(_is_int(w) and w >= 0, f"layer_window[{i}]", w,
+        _require(is_int(w) and w >= 0, f"layer_window[{i}]", w,
                  "must be None or an int >= 0 (sliding_window - 1)")
         _require(is_causal, f"layer_window[{i}]", w,
                  "needs layer_causal[i] = True (a non-causal window is not supported)")
@@ -158,13 +158,13 @@ def _fill_layer_attention(c: DrafterConfig) -> None:
 
 def _check_dflash(c: DrafterConfig) -> None:
     key = "dflash_config."
-    _require(_is_int(c.block_size) and c.block_size >= 2, key + "block_size", c.block_size,
+    _require(is_int(c.block_size) and c.block_size >= 2, key + "block_size", c.block_size,
              "must be an int >= 2 (an anchor plus at least one mask)")
     if c.num_target_layers is not None:
-        _require(_is_int(c.num_target_layers) and c.num_target_layers >= 1,
+        _require(is_int(c.num_target_layers) and c.num_target_layers >= 1,
                  "num_target_layers", c.num_target_layers, "must be an int >= 1")
     if c.mask_token_id is not None:
-        _require(_is_int(c.mask_token_id) and 0 <= c.mask_token_id < c.vocab_size,
+        _require(is_int(c.mask_token_id) and 0 <= c.mask_token_id < c.vocab_size,
                  key + "mask_token_id", c.mask_token_id,
                  f"must be an int in [0, vocab_size = {c.vocab_size})")
     _require(isinstance(c.mask_token, str) and bool(c.mask_token), key + "mask_token",
@@ -182,7 +182,7 @@ def _check_conv(c: DrafterConfig) -> None:
     key = "dflash_config."
     for name in ("conv_kernel_size", "conv_group_size"):
         value = getattr(c, name)
-        _require(_is_int(value) and value >= 0, key + name, value, "must be an int >= 0")
+        _require(is_int(value) and value >= 0, key + name, value, "must be an int >= 0")
     _require(bool(c.conv_kernel_size) == bool(c.conv_group_size), key + "conv_kernel_size",
              c.conv_kernel_size,
              f"and conv_group_size = {c.conv_group_size} must be set together (both > 0 or both 0)")
@@ -195,7 +195,7 @@ def _check_selector(c: DrafterConfig) -> None:
     key = "dflash_config."
     for name in ("selector_rank", "selector_top_k"):
         value = getattr(c, name)
-        _require(_is_int(value) and value >= 0, key + name, value, "must be an int >= 0")
+        _require(is_int(value) and value >= 0, key + name, value, "must be an int >= 0")
     _require(bool(c.selector_rank) == bool(c.selector_top_k), key + "selector_rank",
              c.selector_rank,
              f"and selector_top_k = {c.selector_top_k} must be set together (both > 0 or both 0)")
@@ -215,7 +215,7 @@ def _check_target_layer_ids(ids: tuple, num_target_layers: int | None) -> None:
     key = "dflash_config.target_layer_ids"
     _require(len(ids) > 0, key, list(ids), "must be a non-empty list of ints")
     for i, layer in enumerate(ids):
-        _require(_is_int(layer) and layer >= 0, f"{key}[{i}]", layer, "must be an int >= 0")
+        _require(is_int(layer) and layer >= 0, f"{key}[{i}]", layer, "must be an int >= 0")
         if num_target_layers is not None:
             # Id k is the state after target layer k; SGLang captures it at the
             # input of layer k+1, so the last layer's output cannot be tapped.
@@ -225,13 +225,8 @@ def _check_target_layer_ids(ids: tuple, num_target_layers: int | None) -> None:
                      "captured at the input of layer k+1)")
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, Integral) and not isinstance(value, bool)
-
-
 def _is_positive(value: Any) -> bool:
-    return (isinstance(value, Real) and not isinstance(value, bool)
-            and math.isfinite(value) and value > 0)
+    return is_finite(value) and value > 0
 
 
 # ---------------------------------------------------------------------------
@@ -308,13 +303,12 @@ class _Reader:
 
 
 def _as_int(name: str, value: Any) -> int:
-    _require(_is_int(value), name, value, "must be an int (not a bool or float)")
+    _require(is_int(value), name, value, "must be an int (not a bool or float)")
     return int(value)
 
 
 def _as_float(name: str, value: Any) -> float:
-    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
-    _require(ok, name, value, "must be a finite number")
+    _require(is_finite(value), name, value, "must be a finite number")
     return float(value)
 
 

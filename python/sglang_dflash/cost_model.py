@@ -11,22 +11,15 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping
-from numbers import Integral, Real
 from typing import Any
+
+from sglang_dflash.checks import is_finite, is_int
 
 _PREFIX = "speculation policy: "  # the cost profile is part of the policy's settings
 
 
 def policy_error(message: str) -> ValueError:
     return ValueError(_PREFIX + message)
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, Integral) and not isinstance(value, bool)
-
-
-def is_real(value: Any) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool) and not math.isnan(value)
 
 
 def bucket_of(bs: int) -> int:
@@ -94,7 +87,7 @@ def _parse_sample(i: int, s: Any) -> tuple[int, int, bool, float]:
         raise policy_error(f"profile sample {i} = {s!r} must be (bs, tokens_per_request, drafted, "
                     "seconds)") from None
     ok = (is_int(bs) and bs >= 1 and is_int(q) and q >= 1 and isinstance(drafted, bool)
-          and is_real(sec) and math.isfinite(sec) and sec > 0)
+          and is_finite(sec) and sec > 0)
     if not ok:
         raise policy_error(f"profile sample {i} = {s!r}: need int bs >= 1, int tokens_per_request "
                     ">= 1, bool drafted, finite seconds > 0")
@@ -361,7 +354,7 @@ class CostModel:
         which may be far off (a profile taken on a busy host) and must not
         stop the data from correcting it.
         """
-        if not (is_real(seconds) and math.isfinite(seconds) and seconds > 0):
+        if not (is_finite(seconds) and seconds > 0):
             raise policy_error(f"step_seconds = {seconds!r} must be a finite number > 0")
         bucket = bucket_of(bs)
         base = self.base(bs, width)

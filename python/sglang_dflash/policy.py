@@ -83,7 +83,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from sglang_dflash.cost_model import CostModel, bucket_of, is_int, is_real, policy_error
+from sglang_dflash.checks import is_finite, is_int, is_real
+from sglang_dflash.cost_model import CostModel, bucket_of, policy_error
 from sglang_dflash.trials import RegimeTrials, TrialConfig
 
 MODES = ("adaptive", "fixed", "on", "off")
@@ -200,17 +201,15 @@ def _check_estimators(c: PolicyConfig) -> None:
              "must be a number > 0 (inf = no decay)")
     for key in ("min_weight", "request_prior_weight", "cost_prior_weight"):
         value = getattr(c, key)
-        _require(is_real(value) and math.isfinite(value) and value > 0, key, value,
-                 "must be a finite number > 0")
+        _require(is_finite(value) and value > 0, key, value, "must be a finite number > 0")
     _require(is_real(c.prior_rate) and 0 <= c.prior_rate <= 1, "prior_rate", c.prior_rate,
              "must be a number in [0, 1]")
     _require(is_int(c.max_tracked_requests) and c.max_tracked_requests >= 1,
              "max_tracked_requests", c.max_tracked_requests, "must be an int >= 1")
     _require(is_real(c.cost_ema) and 0 < c.cost_ema <= 1, "cost_ema", c.cost_ema,
              "must be a number in (0, 1]")
-    _require(is_real(c.cost_outlier_ratio) and math.isfinite(c.cost_outlier_ratio)
-             and c.cost_outlier_ratio > 1, "cost_outlier_ratio", c.cost_outlier_ratio,
-             "must be a finite number > 1")
+    _require(is_finite(c.cost_outlier_ratio) and c.cost_outlier_ratio > 1, "cost_outlier_ratio",
+             c.cost_outlier_ratio, "must be a finite number > 1")
     _require(isinstance(c.pad_batch_to_profile, bool), "pad_batch_to_profile",
              c.pad_batch_to_profile, "must be a bool")
 
@@ -220,11 +219,12 @@ def _check_trials(c: PolicyConfig) -> None:
              c.trial_steps, "must be an int >= 8, or 0 (no trials)")
     _require(is_int(c.trial_every) and c.trial_every >= c.trial_steps, "trial_every",
              c.trial_every, f"must be an int >= trial_steps = {c.trial_steps}")
-    _require(is_real(c.trial_close) and math.isfinite(c.trial_close) and c.trial_close > 0,
-             "trial_close", c.trial_close, "must be a finite number > 0")
-    _require(c.trial_close_off is None or (is_real(c.trial_close_off) and math.isfinite(
-             c.trial_close_off) and c.trial_close_off >= c.trial_close), "trial_close_off",
-             c.trial_close_off, f"must be null or a finite number >= trial_close = {c.trial_close}")
+    _require(is_finite(c.trial_close) and c.trial_close > 0, "trial_close", c.trial_close,
+             "must be a finite number > 0")
+    _require(c.trial_close_off is None or (is_finite(c.trial_close_off)
+                                          and c.trial_close_off >= c.trial_close),
+             "trial_close_off", c.trial_close_off,
+             f"must be null or a finite number >= trial_close = {c.trial_close}")
     _require(is_int(c.trial_off_batch) and c.trial_off_batch >= 1, "trial_off_batch",
              c.trial_off_batch, "must be an int >= 1")
     _require(isinstance(c.trial_prior, bool), "trial_prior", c.trial_prior, "must be a bool")

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 CORE_MODULES = [
+    "sglang_dflash.checks",
     "sglang_dflash.config",
     "sglang_dflash.model",
     "sglang_dflash.checkpoint",
