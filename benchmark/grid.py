@@ -63,6 +63,11 @@ CONFIGS = {
     "plain-sync": ("plain decoding, --disable-overlap-schedule", "plain", {},
                    ["--disable-overlap-schedule"]),
     "dflash-on": ("our DFLASH worker, policy on (always full block)", "dflash", _policy("on")),
+    # Diagnostic: a second, identical always-on server: its ratio to dflash-on
+    # is the scatter between two server processes, the yardstick for the
+    # criteria's 5% (benchmark/RESULTS.md, "noise between identical servers").
+    "dflash-on-2": ("our DFLASH worker, policy on, a second identical server", "dflash",
+                    _policy("on")),
     "dflash-adaptive": ("our DFLASH worker, adaptive policy", "dflash", _policy("adaptive")),
     # Diagnostic: the adaptive policy's trials as before 2026-12-01 evening (narrow
     # band for trials of off at every batch, no bias prior across loads); flap
@@ -81,7 +86,7 @@ CONFIGS = {
                         {"SGLANG_DFLASH_UPSTREAM": "1"}),
 }
 CUDA_ONLY = {"upstream-dflash"}
-DIAGNOSTIC = {"plain-sync", "dflash-adaptive-prev", "dflash-adaptive-wide"}  # not in the full preset
+DIAGNOSTIC = {"plain-sync", "dflash-on-2", "dflash-adaptive-prev", "dflash-adaptive-wide"}  # not in the full preset
 
 PRESETS = {
     "full": dict(configs=[c for c in CONFIGS if c not in DIAGNOSTIC], workloads=list(WORKLOADS), concurrency=[1, 4, 8, 16, 32, 64],
@@ -493,12 +498,27 @@ def run_grid(opts, bench: BenchServing, prompt_files, log_dir, on_cuda) -> tuple
     launched: list[Server] = []
     try:
         if opts.schedule == "interleaved":
-            servers, statuses = start_servers(opts.configs, opts, log_dir, on_cuda, launched)
-            runnable = [n for n in opts.configs if n in servers]
-            for rep, wi, w, ci, c in grid:
-                for name in cell_order(runnable, rep + wi + ci):
-                    cells.append(run_cell(bench, servers[name], name, w, c, rep, opts, prompt_files,
-                                          out_jsonl))
+            # With --restart-each-rep every repetition gets fresh server
+            # processes. Why: should a process have a speed of its own, one
+            # launch per grid makes it a bias of every repetition's ratio; fresh
+            # processes make it scatter that the median over repetitions sees.
+            # Two identical always-on servers differed by a median 9% over 5
+            # repetitions of one launch (benchmark/RESULTS.md, "noise between
+            # identical servers"; other launches gave 0.90-1.15).
+            launches = [[r] for r in range(opts.repeats)] if opts.restart_each_rep \
+                else [list(range(opts.repeats))]
+            for reps in launches:
+                servers, status = start_servers(opts.configs, opts, log_dir, on_cuda, launched)
+                _merge_status(statuses, status)
+                runnable = [n for n in opts.configs if n in servers]
+                for rep, wi, w, ci, c in grid:
+                    if rep not in reps:
+                        continue
+                    for name in cell_order(runnable, rep + wi + ci):
+                        cells.append(run_cell(bench, servers[name], name, w, c, rep, opts,
+                                              prompt_files, out_jsonl))
+                for srv in servers.values():
+                    srv.stop()
         else:
             for name in opts.configs:
                 servers, status = start_servers([name], opts, log_dir, on_cuda, launched)
@@ -513,6 +533,19 @@ def run_grid(opts, bench: BenchServing, prompt_files, log_dir, on_cuda) -> tuple
         for srv in launched:
             srv.stop()
     return cells, statuses
+
+
+def _merge_status(statuses: dict, launch: dict) -> None:
+    """Fold one launch's status records into the grid's: the first launch's
+    record stands unless a later one failed, and start-up seconds are listed
+    per launch."""
+    for name, rec in launch.items():
+        prev = statuses.get(name)
+        times = (prev or {}).get("startup_s_each", []) + (
+            [rec["startup_s"]] if "startup_s" in rec else [])
+        if prev is None or (rec.get("state") != "ok" and prev.get("state") == "ok"):
+            statuses[name] = dict(rec)
+        statuses[name]["startup_s_each"] = times
 
 
 METRICS = ("output_throughput", "median_tpot_ms", "p90_tpot_ms", "p99_tpot_ms", "median_ttft_ms",
@@ -653,7 +686,8 @@ def markdown(report: dict, summary: list[dict], plots: list[str], img_prefix: st
         f"requests per cell = max({opts['min_requests']}, {opts['requests_per_slot']} x concurrency)"
         + (f" (fixed {opts['requests']})" if opts["requests"] else "")
         + f", {opts['repeats']} repeat(s), warm-up of min(c, {opts['warmup_requests']}) 8-token requests per cell "
-        f"(not measured), prefix cache flushed before each measured run; schedule `{opts['schedule']}`."
+        f"(not measured), prefix cache flushed before each measured run; schedule `{opts['schedule']}`"
+        + (", fresh server processes for every repetition" if opts.get("restart_each_rep") else "") + "."
         + _excluded_note(opts),
         f"* Servers: `--max-running-requests {opts['max_running_requests']} --max-total-tokens "
         f"{opts['max_total_tokens']} --sleep-on-idle` (+ CPU defaults of `sglang-dflash serve` on a host "
@@ -722,18 +756,23 @@ CRITERIA = {"vs_plain": 0.97, "vs_best_fixed": 0.95, "vs_on_at_c1": 0.95}
 def adaptive_criteria(cells: list[dict], adaptive: str = "dflash-adaptive") -> list[dict]:
     """Per (workload, concurrency): the adaptive policy's throughput ratios
     against plain, the better of on/off, and on, each the median over
-    repetitions of the ratio within a repetition; and, not a criterion, the
+    repetitions of the ratio within a repetition; and, not criteria, the
     off server's ratio against plain (both decode plainly: its spread is the
-    noise the criteria are judged in)."""
+    noise the criteria are judged in) and, with `dflash-on-2` in the run,
+    its ratio against `dflash-on` (two identical servers: the same noise,
+    measured where speculation runs)."""
     ok = {(c["workload"], c["concurrency"], c["config"], c["rep"]): c["output_throughput"]
           for c in cells if "error" not in c and c.get("completed") and c.get("output_throughput")}
     keys = sorted({(w, conc, rep) for (w, conc, name, rep) in ok if name == adaptive})
     ratios: dict = {}
     for w, conc, rep in keys:
         ad = ok[(w, conc, adaptive, rep)]
-        on, off, plain = (ok.get((w, conc, n, rep)) for n in ("dflash-on", "dflash-off", "plain"))
+        on, off, plain, on2 = (ok.get((w, conc, n, rep))
+                               for n in ("dflash-on", "dflash-off", "plain", "dflash-on-2"))
         entry = ratios.setdefault((w, conc), {"vs_plain": [], "vs_best_fixed": [], "vs_on": [],
-                                              "off_vs_plain": []})
+                                              "off_vs_plain": [], "on2_vs_on": []})
+        if on and on2:
+            entry["on2_vs_on"].append(on2 / on)
         if plain:
             entry["vs_plain"].append(ad / plain)
             if off:  # the zero-speculation control: host noise plus the off path's cost
@@ -770,6 +809,7 @@ def _criteria_table(cells: list[dict], adaptive: str) -> list[str]:
     if not rows:
         return []
     passed = sum(r["pass"] for r in rows)
+    twin = any(r["on2_vs_on"] for r in rows)  # dflash-on-2 in the run
     lines = ["", f"### `{adaptive}` against the adaptive policy's criteria", "",
              f"Throughput ratios of `{adaptive}`, median [min-max] over repetitions of the ratio "
              f"within a repetition. Criteria: >= {CRITERIA['vs_plain']} x plain in every cell; "
@@ -777,13 +817,16 @@ def _criteria_table(cells: list[dict], adaptive: str) -> list[str]:
              f"concurrency 1, >= {CRITERIA['vs_on_at_c1']} x `dflash-on`. "
              f"**{passed} of {len(rows)} cells pass.** Control, not a criterion: `off vs plain`, "
              f"`dflash-off` (plain decoding through our worker) against plain in the same "
-             f"repetition; its spread is the host's noise plus the off path's cost.", "",
-             "| workload | c | vs plain | vs max(on, off) | vs on | pass | off vs plain |",
-             "|---|---|---|---|---|---|---|"]
+             f"repetition; its spread is the host's noise plus the off path's cost"
+             + (", and `on-2 vs on`, two identical always-on servers" if twin else "") + ".", "",
+             "| workload | c | vs plain | vs max(on, off) | vs on | pass | off vs plain |"
+             + (" on-2 vs on |" if twin else ""),
+             "|---|---|---|---|---|---|---|" + ("---|" if twin else "")]
     for r in rows:
         lines.append(f"| {r['workload']} | {r['concurrency']} | {fmt_spread(r['vs_plain'])} | "
                      f"{fmt_spread(r['vs_best_fixed'])} | {fmt_spread(r['vs_on'])} | "
-                     f"{'yes' if r['pass'] else '**no**'} | {fmt_spread(r['off_vs_plain'])} |")
+                     f"{'yes' if r['pass'] else '**no**'} | {fmt_spread(r['off_vs_plain'])} |"
+                     + (f" {fmt_spread(r['on2_vs_on'])} |" if twin else ""))
     return lines
 
 
@@ -821,6 +864,9 @@ def parse_args(argv=None):
     p.add_argument("--schedule", choices=("interleaved", "sequential"), default="interleaved",
                    help="interleaved: all servers up, configs alternate within each cell "
                         "(fairest); sequential: one server at a time")
+    p.add_argument("--restart-each-rep", action="store_true",
+                   help="interleaved: fresh server processes for every repetition (a process's "
+                        "own speed then varies between repetitions instead of biasing every one)")
     p.add_argument("--parallel-start", action="store_true",
                    help="interleaved: launch all servers at once (faster start-up, but adaptive "
                         "servers then profile their step costs on a busy host)")
@@ -914,7 +960,7 @@ def main(argv=None) -> int:
     settings = {k: getattr(opts, k) for k in (
         "configs", "workloads", "concurrency", "repeats", "max_new_tokens", "requests", "min_requests",
         "requests_per_slot", "warmup_requests", "temperature", "top_p", "allow_eos", "block_size",
-        "max_running_requests", "max_total_tokens", "server_args", "schedule", "seed", "target",
+        "max_running_requests", "max_total_tokens", "server_args", "schedule", "restart_each_rep", "seed", "target",
         "drafter")}
     settings["unique_prompts"] = {w: f["unique_prompts"] for w, f in prompt_files.items()}
     settings["excluded_prompts"] = {w: f["excluded_prompts"] for w, f in prompt_files.items()}

@@ -61,3 +61,18 @@ def test_each_adaptive_variant_gets_its_own_criteria_table():
     assert "### `dflash-adaptive` against" in md and "### `dflash-adaptive-prev` against" in md
     (variant,) = grid.adaptive_criteria(cells, "dflash-adaptive-prev")
     assert variant["pass"] is False and variant["vs_best_fixed"]["median"] == pytest.approx(0.75)
+
+
+def test_a_second_always_on_server_is_reported_as_a_control_not_a_criterion():
+    cells = _cells({("plain", 1): [100, 100, 100], ("dflash-on", 1): [300, 300, 300],
+                    ("dflash-on-2", 1): [330, 240, 300], ("dflash-off", 1): [100, 100, 100],
+                    ("dflash-adaptive", 1): [300, 300, 300]})
+    (row,) = grid.adaptive_criteria(cells)
+    assert row["on2_vs_on"]["median"] == pytest.approx(1.0)
+    assert (row["on2_vs_on"]["min"], row["on2_vs_on"]["max"]) == pytest.approx((0.8, 1.1))
+    assert row["pass"] is True
+    md = "\n".join(grid.adaptive_criteria_md({"cells": cells}))
+    assert "on-2 vs on |" in md and "1.00 [0.80-1.10] |" in md
+    # without the second server the column is left out
+    cells = [c for c in cells if c["config"] != "dflash-on-2"]
+    assert "on-2 vs on" not in "\n".join(grid.adaptive_criteria_md({"cells": cells}))
