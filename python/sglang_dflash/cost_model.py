@@ -95,6 +95,10 @@ def _parse_sample(i: int, s: Any) -> tuple[int, int, bool, float]:
 
 
 MIN_SCALE = 0.2  # lower bound of the online scale on the profiled compute
+# Prior spread (sd of the log factor) of one W > 0 width's own cost deviation
+# from what its bucket's W > 0 widths share: a few percent, the part of a
+# width's cost the affine fit of the profile misses (`CostModel._shared`).
+WIDTH_SPREAD = 0.03
 
 
 class _AffineFit:
@@ -179,7 +183,10 @@ class CostModel:
     measured, however far off the profile is there; the affine fit is only
     the extrapolation to widths not run yet. A cell's learning rate follows
     its weight aged by the steps since its last sample, so widths measured
-    only by rare probes track recent measurements.
+    only by rare probes track recent measurements. The W > 0 cells of a
+    bucket share their residual over the affine fit; each keeps its own
+    deviation from the shared one in proportion to how well its samples
+    resolve it against the bucket's step noise (`_shared`).
     Why affine and not a multiplicative correction: a fixed overhead learned as
     a factor on the profile inflates the wide widths' predicted cost by the
     same factor, which turned speculation off where it paid.
@@ -207,8 +214,10 @@ class CostModel:
         self.ema = float(ema)
         self._fits: dict[int, _AffineFit] = {}  # bucket -> fit
         self._params: dict[int, tuple[float, float, bool]] = {}  # bucket -> (F, s, per request), cached
-        # (bucket, W) -> [log residual, aged weight, step of the last sample, samples]
+        # (bucket, W) -> [log residual, aged weight, step of the last sample, samples,
+        #                 EW variance of the log samples around the residual]
         self._cells: dict[tuple[int, int], list[float]] = {}
+        self._shared_cache: dict[int, dict[int, float]] = {}  # bs -> {W > 0: log shift}
         self.cell_keep = 1.0 - float(ema) / 16.0  # per observed step: time constant 16 / ema steps
         self._step = 0  # observed steps, the clock that ages cells
 
@@ -340,9 +349,56 @@ class CostModel:
         cell = self._cells.get((bucket_of(bs), width))
         if cell is None:
             return aff
+        if width > 0:
+            return aff * math.exp(self._shared(bs)[width])
         lam = cell[3] / (cell[3] + self.prior_weight)  # samples seen, not their aged weight
-        own = cell[0] + math.log(self.base(bs, width))
-        return math.exp(lam * own + (1.0 - lam) * math.log(aff))
+        return aff * math.exp(lam * self._residual(bs, width, cell))
+
+    def _residual(self, bs: int, width: int, cell: list[float]) -> float:
+        """A cell's log factor over the affine fit's prediction at bs."""
+        return cell[0] - math.log(self._affine(bs, width) / self.base(bs, width))
+
+    def _shared(self, bs: int) -> dict[int, float]:
+        """Log factor over the affine fit of every observed W > 0 cell of bs's
+        bucket: the cells' weighted mean residual r (shrunk by
+        N / (N + prior_weight), N their samples), plus each cell's own
+        deviation from r weighted t^2 / (t^2 + v / n): t = WIDTH_SPREAD, v the
+        bucket's step-to-step variance, n the cell's effective samples.
+
+        Why pool: the W > 0 widths of a step differ only in the verify's
+        tokens, and where those are nearly free (batch 1 on a CPU server) their
+        costs are equal, but each cell saw its own few noisy samples. The
+        cheapest-looking width was then the one whose probe happened to land
+        fast, the policy moved to it and stayed (the winner's curse; seen at
+        concurrency 1 in the served grid, benchmark/RESULTS.md,
+        grid-eos-c1-restart). A width measured well and without noise still
+        gets its own cost (v / n -> 0), so a width that really costs more is
+        still seen to.
+        """
+        cached = self._shared_cache.get(bs)
+        if cached is not None:
+            return cached
+        bucket = bucket_of(bs)
+        n_cap = 2.0 / self.ema - 1.0  # the effective samples of an EMA at rate ema
+        cells = {w: (self._residual(bs, w, c), min(self.cell_weight(bs, w), n_cap), c[3], c[4])
+                 for (b, w), c in self._cells.items() if b == bucket and w > 0}
+        total = math.fsum(n for _, n, _, _ in cells.values())
+        samples = math.fsum(k for _, _, k, _ in cells.values())
+        if total > 0:
+            mean = math.fsum(r * n for r, n, _, _ in cells.values()) / total
+            var = math.fsum(v * n for _, n, _, v in cells.values()) / total
+        else:  # every cell aged to nothing: share nothing
+            mean = var = 0.0
+        lam = samples / (samples + self.prior_weight)
+        tau2 = WIDTH_SPREAD * WIDTH_SPREAD
+        shared = {}
+        for w, (r, n, _, _) in cells.items():
+            own = tau2 / (tau2 + var / n) if n > 0 else 0.0
+            shared[w] = lam * mean + own * (r - mean) if total > 0 else lam * r
+        if len(self._shared_cache) > 4096:  # NOTE: bounded; bs values are few in practice
+            self._shared_cache.clear()
+        self._shared_cache[bs] = shared
+        return shared
 
     def observe(self, bs: int, width: int, seconds: float) -> None:
         """Learn from one measured decode step.
@@ -359,7 +415,8 @@ class CostModel:
         bucket = bucket_of(bs)
         base = self.base(bs, width)
         self._step += 1
-        cell = self._cells.setdefault((bucket, width), [0.0, 0.0, self._step, 0])
+        self._shared_cache.clear()  # the clock moved (cells age), a cell may be new
+        cell = self._cells.setdefault((bucket, width), [0.0, 0.0, self._step, 0, 0.0])
         # Age the cell's weight by the steps since its last sample (time
         # constant 16 / ema steps): a width measured every step keeps the ema
         # window, one measured only by rare probes (every 50-200 steps) gives
@@ -377,12 +434,16 @@ class CostModel:
             center = math.log(self.predict(bs, width) / base)
         log_ratio = min(max(log_ratio, center - clip), center + clip)
         cell[1] += 1.0
-        cell[0] += max(self.ema, 1.0 / cell[1]) * (log_ratio - cell[0])  # a mean until 1/ema steps
+        rate = max(self.ema, 1.0 / cell[1])  # a mean until 1/ema steps
+        delta = log_ratio - cell[0]
+        cell[0] += rate * delta
+        cell[4] = (1.0 - rate) * (cell[4] + rate * delta * delta)  # EW variance, same rate
         fit = self._fits.get(bucket)
         if fit is None:
             fit = self._fits[bucket] = _AffineFit()
         fit.add(base, base * math.exp(log_ratio), bs, self.keep)
         self._params.clear()  # neighbours borrow from this bucket
+        self._shared_cache.clear()
 
     def forget(self, bs: int, width: int, weight: float) -> None:
         """Cap the aged weight of bs's (bucket, W) cell at `weight`, so its
@@ -392,6 +453,7 @@ class CostModel:
         cell = self._cells.get((bucket_of(bs), width))
         if cell is not None:
             cell[1], cell[2] = min(self.cell_weight(bs, width), weight), self._step
+            self._shared_cache.clear()
 
     def cell_weight(self, bs: int, width: int) -> float:
         """Aged weight of bs's (bucket, W) cell now: about its samples of the

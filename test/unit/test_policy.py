@@ -785,6 +785,24 @@ def test_no_flapping_when_the_profile_is_far_off():
     assert policy.spec_steps / policy.steps > 0.95
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_noisy_steps_do_not_pick_a_narrower_width_of_the_same_cost(seed):
+    """Seen in the served grid at concurrency 1 (benchmark/RESULTS.md,
+    grid-eos-c1-restart): on a CPU server every W > 0 step at batch 1 costs
+    the same (the target's forward is flat in tokens there), yet some launches
+    ran W = 6 or 5 on up to 40% of the steps. Each (bucket, W) cell learned
+    from its own few probe samples, and one lucky cheap probe at W = 6 made it
+    look 5% cheaper than W = 7 (the winner's curse among equal-cost widths);
+    once there, W = 7's gain of about one accepted token in a hundred stayed
+    below the switch margin. Widths whose costs differ only by noise must
+    share what was measured, so the widest keeps winning on acceptance."""
+    rates = [0.9] * (B - 1)
+    assert len({round(true_cost(1, w), 12) for w in range(1, B)}) == 1  # equal cost by design
+    policy = make_policy()
+    executed = run(policy, rates, 1, 3000, random.Random(seed), noise=0.3)
+    assert executed[500:].count(B - 1) / len(executed[500:]) > 0.99, policy.snapshot()
+
+
 def test_online_correction_clips_outliers():
     model = CostModel.from_profile(profile(), ema=1.0, outlier_ratio=3.0)
     model.observe(8, 0, 1000.0 * true_cost(8, 0))  # e.g. a step that hit a GC pause
