@@ -1,5 +1,7 @@
 """What speculation off costs: plain decoding against DFLASH with the policy
 `off` (every step W = 0 through our worker), fixed-length decode, no HTTP.
+With `--configs plain,off,on` also always-on (W = 7 every step): the decode
+step's own speed without a serving loop, for A/B checks of the worker's code.
 
 The serving grid measures the off path only inside a closed loop (prefills,
 EOS, HTTP, the client on the same cores). This isolates the decode step: one
@@ -9,6 +11,7 @@ EOS, HTTP, the client on the same cores). This isolates the decode step: one
 batch (median over the batches of a repetition), off / plain per repetition.
 
     python benchmark/off_path.py --batch-sizes 1,16,48 --repeats 2
+    python benchmark/off_path.py --batch-sizes 1,16 --configs plain,off,on
 
 Each repetition starts plain first, then off (alternating the order would
 not remove the host's drift between engines; the ratio spread over
@@ -76,9 +79,9 @@ def _measure(config: str, target: str, drafter: str, bs: int, opts) -> float:
     env = dict(os.environ)
     if opts.omp_threads:
         env["OMP_NUM_THREADS"] = str(opts.omp_threads)
-    if config == "off":
+    if config in ("off", "on"):
         engine.update(speculative_algorithm="DFLASH", speculative_draft_model_path=drafter)
-        env["SGLANG_DFLASH_POLICY"] = json.dumps({"mode": "off"})
+        env["SGLANG_DFLASH_POLICY"] = json.dumps({"mode": config})
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
         json.dump({"engine": engine, "runs": opts.runs, "batch_size": bs, "words": opts.prompt_words,
@@ -91,13 +94,14 @@ def _measure(config: str, target: str, drafter: str, bs: int, opts) -> float:
     return bs * opts.new_tokens / statistics.median(seconds)
 
 
-def _table(rows: list[dict]) -> str:
-    lines = ["| batch | plain tok/s | off tok/s | off / plain, median [min-max] |",
-             "|---|---|---|---|"]
+def _table(rows: list[dict], configs: list[str]) -> str:
+    others = [c for c in configs if c != "plain"]
+    head = ["batch"] + [f"{c} tok/s" for c in configs] + [f"{c} / plain, median [min-max]" for c in others]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        lines.append(f"| {r['batch_size']} | {fmt(statistics.median(r['plain']), 0)} | "
-                     f"{fmt(statistics.median(r['off']), 0)} | "
-                     f"{fmt_spread(r['ratio'])} |")
+        cells = [str(r["batch_size"])] + [fmt(statistics.median(r[c]), 0) for c in configs]
+        cells += [fmt_spread(r["ratio"][c]) for c in others]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -109,6 +113,8 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-words", type=int, default=0, help="0: short questions; N: N-word prompts")
     p.add_argument("--runs", type=int, default=7, help="batches per engine (the first warms up)")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--configs", default="plain,off",
+                   help="comma list from plain, off, on (plain is the baseline, always measured first)")
     p.add_argument("--omp-threads", type=int, default=0,
                    help="OMP_NUM_THREADS for both engines (0: torch's default, all cores)")
     p.add_argument("--out", default=None, help="JSON results path")
@@ -121,20 +127,26 @@ def main(argv=None) -> int:
     from sglang_dflash.demo import demo_pair
 
     target, drafter = demo_pair()
+    configs = ["plain"] + [c for c in opts.configs.split(",") if c and c != "plain"]
+    bad = [c for c in configs if c not in ("plain", "off", "on")]
+    if bad:
+        p.error(f"--configs: unknown {bad} (choose from plain, off, on)")
     rows = []
     for bs in [int(x) for x in opts.batch_sizes.split(",")]:
-        row = {"batch_size": bs, "plain": [], "off": [], "ratios": []}
+        row = {"batch_size": bs, **{c: [] for c in configs}, "ratios": {c: [] for c in configs[1:]}}
         for rep in range(opts.repeats):
-            for config in ("plain", "off"):
+            for config in configs:
                 row[config].append(_measure(config, target, drafter, bs, opts))
-            row["ratios"].append(row["off"][-1] / row["plain"][-1])
-            print(f"[off-path] bs {bs} rep {rep}: plain {row['plain'][-1]:.0f} tok/s, "
-                  f"off {row['off'][-1]:.0f} tok/s, ratio {row['ratios'][-1]:.2f}", flush=True)
-        row["ratio"] = spread(row["ratios"])
+            for c in configs[1:]:
+                row["ratios"][c].append(row[c][-1] / row["plain"][-1])
+            print(f"[off-path] bs {bs} rep {rep}: " + ", ".join(
+                f"{c} {row[c][-1]:.0f} tok/s" for c in configs) + ", ratios " + ", ".join(
+                f"{c} {row['ratios'][c][-1]:.2f}" for c in configs[1:]), flush=True)
+        row["ratio"] = {c: spread(v) for c, v in row["ratios"].items()}
         rows.append(row)
     result = {"when": now_iso(), "machine": machine_info(), "versions": versions(),
               "options": {k: v for k, v in vars(opts).items() if k != "engine"}, "rows": rows}
-    print(_table(rows))
+    print(_table(rows, configs))
     if opts.out:
         os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
         json.dump(result, open(opts.out, "w"), indent=1)
@@ -146,7 +158,7 @@ def main(argv=None) -> int:
                        f"{opts.new_tokens} new tokens per request, prompts: "
                        f"{'short questions' if opts.prompt_words == 0 else f'up to {opts.prompt_words} words'}; "
                        f"torch threads: {opts.omp_threads or 'default (all cores)'}.\n\n"
-                       + _table(rows) + "\n")
+                       + _table(rows, configs) + "\n")
     return 0
 
 

@@ -69,7 +69,7 @@ def topk_candidates(
             multiplier.
     """
     vocab = _check_topk_inputs(hidden, lm_head_weight, k, output_multiplier, vocab_size)
-    logits = _unary_logits(hidden, lm_head_weight[:vocab])  # [bs, S, vocab]
+    logits = head_logits(hidden, lm_head_weight[:vocab])  # [bs, S, vocab]
     values, ids = torch.topk(logits, k, dim=-1, largest=True, sorted=True)
     unary = transform_unary(values, output_multiplier, softcap)
     return Candidates(ids=ids.to(torch.int64), unary=unary)
@@ -130,7 +130,7 @@ def merge_shard_topk(
     return top_values, torch.gather(flat_ids, -1, where).to(torch.int64)
 
 
-def _unary_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Logits `hidden @ weight.T` in float32.
 
     NOTE: with a bf16/fp16 head the upcast makes a temporary float32 copy of
@@ -145,7 +145,11 @@ def _unary_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     Returns:
         [bs, S, V] float32.
     """
-    return torch.matmul(hidden.float(), weight.float().t())
+    # One 2-D matmul on contiguous rows: the drafter's hidden states arrive as a
+    # strided slice ([:, 1:] of its block), and a 3-D matmul on a strided input
+    # is about 2x slower on CPU (bs 16: 2.9 ms against 1.6 ms for the demo head).
+    rows = hidden.reshape(-1, hidden.shape[-1]).float()
+    return torch.mm(rows, weight.float().t()).view(*hidden.shape[:-1], weight.shape[0])
 
 
 def _check_topk_inputs(

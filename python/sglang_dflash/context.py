@@ -22,6 +22,8 @@ from typing import Callable
 
 import torch
 
+from sglang_dflash.ragged import gather_rows
+
 # (features [N, F], positions [N]) -> k, v [num_layers, N, kv_heads, head_dim]
 Projector = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -52,7 +54,7 @@ class DraftKVCache:
 
     def gather(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """slots [bs, L] -> k, v [num_layers, bs, L, kv_heads, head_dim]."""
-        return self.k[:, slots], self.v[:, slots]
+        return gather_rows(self.k, slots, dim=1), gather_rows(self.v, slots, dim=1)
 
 
 def last_per_slot(slots: torch.Tensor, num_slots: int) -> torch.Tensor:

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from sglang_dflash.candidates import topk_candidates
+from sglang_dflash.candidates import head_logits, topk_candidates
 from sglang_dflash.select import dense_q, lattice_scores, walk
 
 
@@ -25,8 +25,7 @@ class Proposal:
 
 def propose_argmax(hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> Proposal:
     """DFlash v1. hidden: [bs, S, H] drafter states at block positions 1..S."""
-    logits = hidden.float() @ lm_head_weight.float().T
-    return Proposal(drafts=logits.argmax(dim=-1), q=None)
+    return Proposal(drafts=head_logits(hidden, lm_head_weight).argmax(dim=-1), q=None)
 
 
 def propose_selector(

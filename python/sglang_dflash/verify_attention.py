@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from sglang_dflash.ragged import gather_rows
+
 # Requests per attention call. Requests are sorted by length and attended in
 # groups, each padded only to its own longest context: with chat-like length
 # spreads this gathers far fewer padded K/V rows than one batch padded to the
@@ -52,9 +54,8 @@ def _attend(query, k_cache, v_cache, token_rows, prefix_lens, width, scaling, sl
     """query: [n, width, heads, d] -> [n, width, heads, d_v], padded to this group's longest context."""
     n, _, heads, _ = query.shape
     kv_len = int(prefix_lens.max()) + width
-    slots = token_rows[:, :kv_len].long()
-    keys = k_cache[slots].transpose(1, 2)  # [n, kv_heads, L, d]
-    values = v_cache[slots].transpose(1, 2)
+    keys = gather_rows(k_cache, token_rows[:, :kv_len]).transpose(1, 2)  # [n, kv_heads, L, d]
+    values = gather_rows(v_cache, token_rows[:, :kv_len]).transpose(1, 2)
     prefix = prefix_lens.view(n, 1, 1).long()
     kpos = torch.arange(kv_len, device=query.device).view(1, 1, kv_len)
     if tree_mask is None:
@@ -73,3 +74,4 @@ def _attend(query, k_cache, v_cache, token_rows, prefix_lens, width, scaling, sl
         scale=scaling, enable_gqa=keys.shape[1] != heads,
     )
     return out.transpose(1, 2)
+

@@ -1,4 +1,4 @@
-"""`ragged_runs` (both of its paths) and the stand-in's KV-slot assignment built on it."""
+"""`ragged_runs` (both of its paths), the stand-in's KV-slot assignment built on it, and `gather_rows`."""
 
 import random
 
@@ -7,7 +7,7 @@ import torch
 
 from sglang_dflash import ragged
 from sglang_dflash.cpu_runtime.sgl_kernel import ops
-from sglang_dflash.ragged import ragged_runs
+from sglang_dflash.ragged import gather_rows, ragged_runs
 
 
 def reference(starts, lens):
@@ -51,3 +51,16 @@ def test_assign_req_to_token_pool_writes_each_run_in_order():
     back = torch.zeros(7, dtype=torch.int64)
     ops.assign_extend_cache_locs_cpu(rpi, req_to_token, start, end, back, 12)
     assert back.tolist() == list(range(100, 107))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("dim", [0, 1])
+def test_gather_rows_equals_advanced_indexing(dtype, dim):
+    g = torch.Generator().manual_seed(0)
+    cache = torch.randn(3, 50, 2, 4, generator=g) if dim == 1 else torch.randn(50, 2, 4, generator=g)
+    table = torch.randint(0, 50, (5, 12), generator=g, dtype=dtype)
+    for slots in (table, table[:, :7], table[2:3]):  # strided slices, as the callers pass
+        want = cache[:, slots.long()] if dim == 1 else cache[slots.long()]
+        got = gather_rows(cache, slots, dim=dim)
+        assert got.shape == want.shape
+        assert torch.equal(got, want)
