@@ -74,4 +74,3 @@ def _attend(query, k_cache, v_cache, token_rows, prefix_lens, width, scaling, sl
         scale=scaling, enable_gqa=keys.shape[1] != heads,
     )
     return out.transpose(1, 2)
-
