@@ -13,7 +13,7 @@ batch (median over the batches of a repetition), off / plain per repetition.
     python benchmark/off_path.py --batch-sizes 1,16,48 --repeats 2
     python benchmark/off_path.py --batch-sizes 1,16 --configs plain,off,on
 
-Each repetition starts plain first, then off (alternating the order would
+Each repetition starts plain first, then off (then on; alternating the order would
 not remove the host's drift between engines; the ratio spread over
 repetitions shows it).
 """

@@ -54,8 +54,9 @@ def _attend(query, k_cache, v_cache, token_rows, prefix_lens, width, scaling, sl
     """query: [n, width, heads, d] -> [n, width, heads, d_v], padded to this group's longest context."""
     n, _, heads, _ = query.shape
     kv_len = int(prefix_lens.max()) + width
-    keys = gather_rows(k_cache, token_rows[:, :kv_len]).transpose(1, 2)  # [n, kv_heads, L, d]
-    values = gather_rows(v_cache, token_rows[:, :kv_len]).transpose(1, 2)
+    slots = token_rows[:, :kv_len].contiguous()  # one copy of the strided slice for K and V
+    keys = gather_rows(k_cache, slots).transpose(1, 2)  # [n, kv_heads, L, d]
+    values = gather_rows(v_cache, slots).transpose(1, 2)
     prefix = prefix_lens.view(n, 1, 1).long()
     kpos = torch.arange(kv_len, device=query.device).view(1, 1, kv_len)
     if tree_mask is None:
