@@ -136,6 +136,9 @@ class PolicyConfig:
     trial_close_off: float | None = None  # while on at batch >= trial_off_batch, trials of off run
     trial_off_batch: int = 16  # ... up to a corrected ratio 1 + this (None: trial_close; trials.py)
     trial_prior: bool = True  # a load's bias < 1 stays as a prior at the next load until measured
+    # Ragged verify (truncate.py): request i verifies its first n_i <= W drafts, those whose
+    # survival (running product of the drafter's confidences) stays >= this; 0 = all W
+    truncate_below: float = 0.0
 
     def __post_init__(self) -> None:
         if self.widths is not None:
@@ -212,6 +215,8 @@ def _check_estimators(c: PolicyConfig) -> None:
              c.cost_outlier_ratio, "must be a finite number > 1")
     _require(isinstance(c.pad_batch_to_profile, bool), "pad_batch_to_profile",
              c.pad_batch_to_profile, "must be a bool")
+    _require(is_real(c.truncate_below) and 0 <= c.truncate_below < 1, "truncate_below",
+             c.truncate_below, "must be a number in [0, 1) (0 = verify every drafted token)")
 
 
 def _check_trials(c: PolicyConfig) -> None:
@@ -245,21 +250,33 @@ def expected_commits(rates: Sequence[float]) -> list[float]:
     return out
 
 
-def _position_counts(width: int, accept_lens: Sequence[int]) -> tuple[list[int], list[int]]:
+def _position_counts(width: int, accept_lens: Sequence[int],
+                     limits: Sequence[int] | None = None) -> tuple[list[int], list[int]]:
     """(reached_j, accepted_j) for j = 1..width from accept lengths in [0, width].
 
     A request with accept_len a < width reaches positions 1..a+1 (rejected at
-    a+1); a == width reaches 1..width, all accepted. O(bs + width).
+    a+1); a == width reaches 1..width, all accepted. With `limits` (ragged
+    verify: request i verified only limits[i] <= width drafts) the limit
+    plays the width's part per request: a request that accepted all its
+    verified drafts was not rejected at limits[i] + 1, it never reached it,
+    so truncation does not bias the conditional rates. O(bs + width).
     """
-    hist = [0] * (width + 1)
-    for i, a in enumerate(accept_lens):
-        if not (is_int(a) and 0 <= a <= width):
-            raise policy_error(f"accept_lens[{i}] = {a!r} must be an int in [0, width = {width}]")
-        hist[a] += 1
+    if limits is None:
+        limits = [width] * len(accept_lens)
+    elif len(limits) != len(accept_lens):
+        raise policy_error(f"len(limits) = {len(limits)} != len(accept_lens) = {len(accept_lens)}")
     reached, accepted = [0] * width, [0] * width
+    full = [0] * (width + 1)  # requests whose verified drafts were all accepted, by count
+    hist = [0] * (width + 1)  # requests rejected right after a accepts, by a
+    for i, (a, n) in enumerate(zip(accept_lens, limits)):
+        if not (is_int(n) and 0 <= n <= width):
+            raise policy_error(f"limits[{i}] = {n!r} must be an int in [0, width = {width}]")
+        if not (is_int(a) and 0 <= a <= n):
+            raise policy_error(f"accept_lens[{i}] = {a!r} must be an int in [0, {n}]")
+        (full if a == n else hist)[a] += 1
     at_least = 0  # requests with accept_len >= j
     for j in range(width, 0, -1):
-        at_least += hist[j]
+        at_least += hist[j] + full[j]
         accepted[j - 1] = at_least
         reached[j - 1] = at_least + hist[j - 1]
     return reached, accepted
@@ -329,12 +346,14 @@ class AcceptanceStats:
         self._age()
         self._update()
 
-    def observe(self, width: int, accept_lens: Sequence[int]) -> None:
-        """Merge one verify step: `accept_lens[i]` drafts of request i accepted (0..width)."""
+    def observe(self, width: int, accept_lens: Sequence[int],
+                limits: Sequence[int] | None = None) -> None:
+        """Merge one verify step: `accept_lens[i]` drafts of request i accepted
+        (0..width, or 0..limits[i] when request i verified only that many)."""
         if not (is_int(width) and 0 <= width <= len(self.mean)):
             raise policy_error(f"width = {width!r} must be an int in [0, {len(self.mean)}]")
         self._age()
-        reached, accepted = _position_counts(width, accept_lens)
+        reached, accepted = _position_counts(width, accept_lens, limits)
         for j in range(width):
             self._acc[j] += accepted[j]
             self._reached[j] += reached[j]
@@ -359,6 +378,7 @@ class _RequestStats:
         self.accepted = [0] * num_positions
 
     def add(self, width: int, accept_len: int) -> None:
+        """One verify of `width` drafts (the request's own limit under ragged verify)."""
         for j in range(min(accept_len + 1, width)):
             self.reached[j] += 1
         for j in range(accept_len):
@@ -818,10 +838,13 @@ class SpeculationPolicy:
     def observe_verify(self, width: int, accept_lens: Sequence[int],
                        step_seconds: float | None, batch_size: int,
                        request_ids: Sequence[Hashable] | None = None,
-                       step: int | None = None) -> None:
+                       step: int | None = None,
+                       limits: Sequence[int] | None = None) -> None:
         """Feed back one executed step at verify width `width` (host-side lists only).
 
         accept_lens[i]: accepted drafts of request i (0..width), bonus EXCLUDED.
+        limits: drafts each request verified under ragged verify (truncate.py;
+        each <= width), or None when every request verified `width`.
         step_seconds: measured step time, or None when it is not a pure decode
         step (e.g. mixed with prefill) and must not train the cost model.
         step: the step's index (`steps` after its `choose_width`, minus 1), for
@@ -834,11 +857,11 @@ class SpeculationPolicy:
                 raise policy_error("accept_lens must be all 0 at width 0")
             self.observe_plain(step_seconds, batch_size, step)
             return
-        self.stats.observe(width, accept_lens)
+        self.stats.observe(width, accept_lens, limits)
         if step is not None and self.trials is not None:
             self.trials.tokens(step, batch_size + sum(accept_lens))
         if request_ids is not None:
-            self._observe_requests(width, accept_lens, request_ids)
+            self._observe_requests(width, accept_lens, request_ids, limits)
         if step_seconds is not None and self.cost is not None:
             self.cost.observe(batch_size, width, step_seconds)
 
@@ -866,18 +889,20 @@ class SpeculationPolicy:
             self.trials.period(self.steps - 1, seconds)
 
     def _observe_requests(self, width: int, accept_lens: Sequence[int],
-                          request_ids: Sequence[Hashable]) -> None:
+                          request_ids: Sequence[Hashable],
+                          limits: Sequence[int] | None = None) -> None:
         if len(request_ids) != len(accept_lens):
             raise policy_error(f"len(request_ids) = {len(request_ids)} != "
                         f"len(accept_lens) = {len(accept_lens)}")
         n = len(self.stats.mean)
-        for rid, a in zip(request_ids, accept_lens):
+        limits = [width] * len(accept_lens) if limits is None else limits
+        for rid, a, limit in zip(request_ids, accept_lens, limits):
             r = self._requests.get(rid)
             if r is None:
                 while len(self._requests) >= self.cfg.max_tracked_requests:
                     del self._requests[next(iter(self._requests))]  # oldest first
                 r = self._requests[rid] = _RequestStats(n)
-            r.add(width, a)
+            r.add(limit, a)
 
     def release_request(self, rid: Hashable) -> None:
         """Forget a finished request's stats."""

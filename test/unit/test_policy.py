@@ -926,3 +926,22 @@ def test_last_decision_reports_the_models_call():
     assert cost_ratio == pytest.approx(true_cost(8, width) / true_cost(8, 0), rel=0.05)
     assert 1.0 <= commits <= width + 1 and off_ms > 0
     assert make_policy(mode="on").last_decision(8) is None
+
+
+def test_truncated_requests_do_not_count_as_rejections():
+    """Ragged verify: a request that accepted all n < W drafts it verified never
+    reached draft n + 1; counting it as rejected there would pull a_{n+1} down
+    by exactly the share of truncated requests."""
+    from sglang_dflash.policy import _position_counts
+
+    # Three requests at W = 3: verified 3 (accepted 1), 1 (accepted 1), 2 (accepted 0).
+    reached, accepted = _position_counts(3, [1, 1, 0], limits=[3, 1, 2])
+    assert reached == [3, 1, 0] and accepted == [2, 0, 0]
+    # Without limits the second request would have reached draft 2 and been rejected.
+    assert _position_counts(3, [1, 1, 0]) == ([3, 2, 0], [2, 0, 0])
+    stats = AcceptanceStats(4, prior_rate=0.5, min_weight=1e-6)
+    for _ in range(200):  # every request accepts all its verified drafts, limits 1..4
+        stats.observe(4, [1, 2, 3, 4], limits=[1, 2, 3, 4])
+    assert min(stats.rates()) > 0.99
+    with pytest.raises(ValueError):
+        _position_counts(3, [2], limits=[1])  # more accepted than verified

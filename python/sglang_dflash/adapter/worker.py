@@ -4,6 +4,7 @@ One decode step, each line one call (`forward_batch_generation`):
   block    = make_blocks(anchor, prefix_lens)             draft.py
   hidden   = drafter.forward_block(...)                   model.py (our torch drafter)
   proposal = propose_argmax | propose_selector            propose.py (v1 | DFlash 2)
+  limits   = draft_limits(confidence, W, threshold)       truncate.py (ragged verify, optional)
   logits   = target TARGET_VERIFY forward over the block  SGLang target worker
   result   = verify_block(drafts, logits, sampling, q)    verify.py (greedy / exact sampling)
   plan     = plan_commit(accept_len, prefix_lens)         draft.py
@@ -50,6 +51,7 @@ from sglang_dflash.propose import Proposal, propose_argmax, propose_selector
 from sglang_dflash.ragged import ragged_runs
 from sglang_dflash.rejection import PAD_TOKEN_ID
 from sglang_dflash.stats import SpecStats, StepClock
+from sglang_dflash.truncate import draft_limits, verify_mask
 from sglang_dflash.verify import SamplingRows, VerifyUniforms, verify_block
 
 logger = logging.getLogger(__name__)
@@ -89,16 +91,17 @@ class DFlashWorker(BaseSpecWorker):
         # target sampler's stream (dflash.md §4.5 item 3).
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(get_spec_seed(server_args)))
-        # (width, batch size, policy step) of decode steps awaiting their accept
-        # counts: with the overlap scheduler, step N's counts arrive after step
-        # N+1 launched.
-        self._pending_steps: deque[tuple[int, int, int]] = deque(maxlen=8)
+        # (width, batch size, policy step, per-request verified drafts or None)
+        # of decode steps awaiting their accept counts: with the overlap
+        # scheduler, step N's counts arrive after step N+1 launched.
+        self._pending_steps: deque[tuple[int, int, int, list | None]] = deque(maxlen=8)
         self._offsets = torch.arange(self.block_size, dtype=torch.int64, device=self.device)
         self.overlap_schedule = not get_schedule().disable_overlap_schedule
         self.clock = StepClock(self.overlap_schedule)  # decode step periods for the cost model
         self._last_decode_reqs = []  # requests of the last decode step (idle detection)
         self._trace = _open_trace()
         self.policy = self._build_policy()
+        self._truncate_below: float | None = None  # decided at the first decode (truncate_below)
         self.stats = SpecStats(self.block_size - 1)
         logger.info(
             "sglang-dflash worker: v%d drafter, %d layers, block %d, target layers %s",
@@ -135,6 +138,30 @@ class DFlashWorker(BaseSpecWorker):
         logger.info("sglang-dflash: cost profile (%d samples) in %.1fs",
                     len(samples), time.perf_counter() - start)
         return SpeculationPolicy.from_profile(cfg, self.block_size, samples)
+
+    @property
+    def truncate_below(self) -> float:
+        if self._truncate_below is None:
+            self._truncate_below = self._truncation_threshold()
+        return self._truncate_below
+
+    def _truncation_threshold(self) -> float:
+        """The ragged-verify survival threshold, where the attention backend can
+        verify ragged blocks (ours, for torch_native); 0 elsewhere. Asked at the
+        first decode step: the target's backend is built after this worker."""
+        threshold = float(self.policy.cfg.truncate_below)
+        if threshold <= 0:
+            return 0.0
+        from sglang_dflash.adapter.attention import VerifyCapableTorchNativeAttnBackend
+
+        backend = getattr(self.model_runner, "attn_backend", None)
+        if not isinstance(backend, VerifyCapableTorchNativeAttnBackend):
+            logger.warning("sglang-dflash: truncate_below = %s ignored: ragged verify is implemented "
+                           "for the torch_native attention backend only (this one: %s)",
+                           threshold, type(backend).__name__)
+            return 0.0
+        logger.info("sglang-dflash: ragged verify, survival threshold %s", threshold)
+        return threshold
 
     def alloc_memory_pool(
         self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None
@@ -248,10 +275,11 @@ class DFlashWorker(BaseSpecWorker):
         walk_u, verify_u = self._draw_uniforms(batch.reqs, prefix, width)
         block = make_blocks(anchor, prefix, self.mask_token_id, self.block_size)
         proposal = self._draft(block, rows, prefix, max_prefix, sampling, width, walk_u)
+        limits = self._limits(proposal, width)  # [bs] drafts each request verifies, or None = all W
         verify_ids = torch.cat([anchor.unsqueeze(1), proposal.drafts], dim=1)
-        logits_output = self._verify(batch, verify_ids, positions, cache_loc, num_verify)
+        logits_output = self._verify(batch, verify_ids, positions, cache_loc, num_verify, limits)
         logits = logits_output.next_token_logits.view(bs, num_verify, -1)
-        result = verify_block(proposal.drafts, logits, sampling, proposal.q, verify_u)
+        result = verify_block(proposal.drafts, logits, sampling, proposal.q, verify_u, limits)
         plan = plan_commit(result.accept_len, prefix, num_verify)
         if on_publish is not None:
             on_publish(plan.new_seq_lens)
@@ -261,8 +289,18 @@ class DFlashWorker(BaseSpecWorker):
         hidden = logits_output.hidden_states.view(bs, num_verify, -1)
         self.context.commit(hidden[plan.keep], positions[plan.keep], cache_loc[plan.keep])
         logits_output.hidden_states = None
-        self._pending_steps.append((width, bs, self.policy.steps - 1))
+        self._pending_steps.append((width, bs, self.policy.steps - 1, None if limits is None else limits.tolist()))
         return self._step_result(logits_output, result.tokens, result.bonus, plan.commit_lens, plan.new_seq_lens)
+
+    def _limits(self, proposal: Proposal, width: int):
+        """Per-request verified drafts [bs] under ragged verify, or None when
+        truncation is off or cuts nothing this step (the rectangular path)."""
+        if self.truncate_below <= 0 or proposal.confidence is None:
+            return None
+        limits = draft_limits(proposal.confidence, width, self.truncate_below)
+        if bool((limits == width).all()):  # host read: free on CPU, the only backend with ragged verify
+            return None
+        return limits
 
     def _decode_off(self, batch, on_publish, anchor, prefix, sampling):
         """Speculation off (W = 0): a plain decode step through the verify path,
@@ -290,7 +328,7 @@ class DFlashWorker(BaseSpecWorker):
         # alias the forward's output buffer.
         self.context.commit(logits_output.hidden_states.clone(), prefix, cache_loc[:, 0], defer=True)
         logits_output.hidden_states = None
-        self._pending_steps.append((0, bs, self.policy.steps - 1))
+        self._pending_steps.append((0, bs, self.policy.steps - 1, None))
         return self._step_result(logits_output, bonus.unsqueeze(1), bonus, None, new_seq_lens)
 
     def _step_result(self, logits_output, tokens, bonus, commit_lens, new_seq_lens) -> GenerationBatchResult:
@@ -330,12 +368,12 @@ class DFlashWorker(BaseSpecWorker):
         step = self._pop_pending(len(accepted))
         if step is None:
             return
-        width, bs, index = step
-        self.stats.observe(width, accepted)
+        width, bs, index, limits = step
+        self.stats.observe(width, accepted, limits)
         if width == 0:
             self.policy.observe_plain(None, bs, step=index)
         else:
-            self.policy.observe_verify(width, accepted, None, bs, step=index)
+            self.policy.observe_verify(width, accepted, None, bs, step=index, limits=limits)
 
     def _pop_pending(self, bs):
         """The oldest decode step awaiting feedback, in launch order. A step whose
@@ -406,7 +444,8 @@ class DFlashWorker(BaseSpecWorker):
         drafter always drafts its whole block (its cost barely depends on W)."""
         proposal = self._draft_block(block, rows, prefix, max_prefix, sampling, walk_uniforms)
         q = None if proposal.q is None else proposal.q[:, :width]
-        return Proposal(drafts=proposal.drafts[:, :width], q=q)
+        confidence = None if proposal.confidence is None else proposal.confidence[:, :width]
+        return Proposal(drafts=proposal.drafts[:, :width], q=q, confidence=confidence)
 
     def _draft_block(self, block, rows, prefix, max_prefix, sampling, uniforms) -> Proposal:
         """One drafter pass over the block, then the v1 argmax or the v2 selector path."""
@@ -414,8 +453,9 @@ class DFlashWorker(BaseSpecWorker):
         ctx_k, ctx_v = self.context.gather(slots)
         embeds = self._embed(block.token_ids)
         hidden = self.drafter.forward_block(embeds, block.positions, ctx_k, ctx_v, valid)[:, 1:]
+        with_confidence = self.truncate_below > 0
         if self.drafter.cfg.version == 1:
-            return propose_argmax(hidden, self._lm_head_weight())
+            return propose_argmax(hidden, self._lm_head_weight(), with_confidence)
         bs = hidden.shape[0]
         if sampling is None:  # all greedy
             greedy = torch.ones(bs, dtype=torch.bool, device=self.device)
@@ -424,23 +464,33 @@ class DFlashWorker(BaseSpecWorker):
             greedy, temperature = sampling.greedy, sampling.temperature
         return propose_selector(
             self.drafter, hidden, block.token_ids[:, 0], self._lm_head_weight(),
-            temperature, greedy, uniforms,
+            temperature, greedy, uniforms, with_confidence,
         )
 
-    def _verify(self, batch, verify_ids, positions, cache_loc, num_verify):
+    def _verify(self, batch, verify_ids, positions, cache_loc, num_verify, limits=None):
+        """Target TARGET_VERIFY forward over [bs, num_verify] rows; with `limits`
+        only each request's anchor and first limits[i] drafts run (packed, a
+        ragged layout), and the outputs come back padded to [bs * num_verify]
+        (zeros in the rows that did not run, which nothing reads)."""
+        rows = None if limits is None else verify_mask(limits, num_verify)  # [bs, W+1]
+        pick = (lambda t: t.reshape(-1)) if rows is None else (lambda t: t[rows])  # noqa: E731
         verify_input = DFlashVerifyInput(
-            draft_token=verify_ids.reshape(-1),
-            positions=positions.reshape(-1),
+            draft_token=pick(verify_ids),
+            positions=pick(positions),
             draft_token_num=num_verify,
             custom_mask=None,
             capture_hidden_mode=CaptureHiddenMode.FULL,
+            ragged_verify_layout=None if rows is None else _ragged_layout(limits + 1),
         )
-        batch.out_cache_loc = cache_loc.reshape(-1)
+        batch.out_cache_loc = pick(cache_loc)
         forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
         out = self.target_worker.forward_batch_generation(
             batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True
         )
         logits_output = out.logits_output
+        if rows is not None:
+            logits_output.next_token_logits = _unpack(logits_output.next_token_logits, rows)
+            logits_output.hidden_states = _unpack(logits_output.hidden_states, rows)
         apply_dflash_verify_logits_adjustments(
             next_token_logits=logits_output.next_token_logits,
             sampling_info=batch.sampling_info,
@@ -473,6 +523,29 @@ def _sampling_rows(sampling_info, bs: int):
         top_k=sampling_info.top_ks.view(bs).to(torch.int64),
         min_p=sampling_info.min_ps.view(bs).float(),
     )
+
+
+def _ragged_layout(verify_lens: torch.Tensor):
+    """SGLang's RaggedVerifyLayout for per-request verify lengths [bs], built
+    directly (its constructors run a Triton kernel, absent on CPU hosts)."""
+    from sglang.srt.speculative.ragged_verify import RaggedVerifyLayout
+
+    lens = verify_lens.to(torch.int32)
+    lens_cpu = [int(n) for n in lens.tolist()]
+    indptr = torch.zeros(len(lens_cpu) + 1, dtype=torch.int32, device=lens.device)
+    indptr[1:] = torch.cumsum(lens, dim=0)
+    total = sum(lens_cpu)
+    return RaggedVerifyLayout(
+        verify_lens=lens, graph_num_tokens=total, extend_start_loc=indptr[:-1],
+        qo_indptr_device=indptr, verify_lens_cpu=lens_cpu, total_verify_tokens=total,
+    )
+
+
+def _unpack(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Packed rows [n, ...] -> [rows.numel(), ...] with zeros where rows is False."""
+    out = packed.new_zeros(rows.numel(), *packed.shape[1:])
+    out[rows.reshape(-1)] = packed
+    return out
 
 
 def _extend_positions(prefix_lens: torch.Tensor, extend_lens: torch.Tensor) -> torch.Tensor:
