@@ -79,6 +79,12 @@ CONFIGS = {
     # from 43273df to this config's addition; trials.py says why it is off).
     "dflash-adaptive-wide": ("our DFLASH worker, adaptive policy, trial_close_off 1.0", "dflash",
                              _policy("adaptive", trial_close_off=1.0)),
+    # Ragged verify (truncate.py): the adaptive policy with each request's verified
+    # block cut at the cost model's break-even survival.
+    "dflash-adaptive-ragged": ("our DFLASH worker, adaptive policy, truncate_below auto", "dflash",
+                               _policy("adaptive", truncate_below="auto")),
+    "dflash-on-ragged": ("our DFLASH worker, policy on, truncate_below 0.5", "dflash",
+                         _policy("on", truncate_below=0.5)),
     "dflash-off": ("our DFLASH worker, policy off (zero-speculation control)", "dflash",
                    _policy("off")),
     "ngram": ("SGLang n-gram speculation (--speculative-algorithm NGRAM)", "ngram", {}),
@@ -86,7 +92,8 @@ CONFIGS = {
                         {"SGLANG_DFLASH_UPSTREAM": "1"}),
 }
 CUDA_ONLY = {"upstream-dflash"}
-DIAGNOSTIC = {"plain-sync", "dflash-on-2", "dflash-adaptive-prev", "dflash-adaptive-wide"}  # not in the full preset
+DIAGNOSTIC = {"plain-sync", "dflash-on-2", "dflash-adaptive-prev", "dflash-adaptive-wide",
+              "dflash-adaptive-ragged", "dflash-on-ragged"}  # not in the full preset
 
 PRESETS = {
     "full": dict(configs=[c for c in CONFIGS if c not in DIAGNOSTIC], workloads=list(WORKLOADS), concurrency=[1, 4, 8, 16, 32, 64],

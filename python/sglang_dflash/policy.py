@@ -88,6 +88,7 @@ from sglang_dflash.cost_model import CostModel, bucket_of, policy_error
 from sglang_dflash.trials import RegimeTrials, TrialConfig
 
 MODES = ("adaptive", "fixed", "on", "off")
+AUTO_TRUNCATE_MAX = 0.9  # the highest survival threshold truncate_below = "auto" sets
 
 
 def _require(ok: bool, key: str, value: Any, rule: str) -> None:
@@ -137,8 +138,9 @@ class PolicyConfig:
     trial_off_batch: int = 16  # ... up to a corrected ratio 1 + this (None: trial_close; trials.py)
     trial_prior: bool = True  # a load's bias < 1 stays as a prior at the next load until measured
     # Ragged verify (truncate.py): request i verifies its first n_i <= W drafts, those whose
-    # survival (running product of the drafter's confidences) stays >= this; 0 = all W
-    truncate_below: float = 0.0
+    # survival (running product of the drafter's confidences) stays >= this; 0 = all W;
+    # "auto" (adaptive mode): the step's break-even survival from the cost model
+    truncate_below: float | str = 0.0
 
     def __post_init__(self) -> None:
         if self.widths is not None:
@@ -215,8 +217,12 @@ def _check_estimators(c: PolicyConfig) -> None:
              c.cost_outlier_ratio, "must be a finite number > 1")
     _require(isinstance(c.pad_batch_to_profile, bool), "pad_batch_to_profile",
              c.pad_batch_to_profile, "must be a bool")
-    _require(is_real(c.truncate_below) and 0 <= c.truncate_below < 1, "truncate_below",
-             c.truncate_below, "must be a number in [0, 1) (0 = verify every drafted token)")
+    if c.truncate_below == "auto":
+        _require(c.mode == "adaptive", "truncate_below", c.truncate_below,
+                 "needs mode 'adaptive' (its cost model sets the threshold)")
+    else:
+        _require(is_real(c.truncate_below) and 0 <= c.truncate_below < 1, "truncate_below",
+                 c.truncate_below, "must be 'auto' or a number in [0, 1) (0 = verify every draft)")
 
 
 def _check_trials(c: PolicyConfig) -> None:
@@ -545,6 +551,37 @@ class SpeculationPolicy:
         self.spec_steps += w > 0
         self.last_width, self.last_batch_size = w, batch_size
         return w
+
+    @property
+    def ragged(self) -> bool:
+        """Whether verify blocks are truncated per request (truncate.py)."""
+        return self.cfg.truncate_below == "auto" or self.cfg.truncate_below > 0
+
+    def truncation_threshold(self, batch_size: int, width: int) -> float:
+        """Survival threshold of this step's ragged verify (truncate.draft_limits).
+
+        "auto": draft k of a request is worth verifying when its survival s_k
+        (the probability it is accepted) buys more than its verify time costs
+        at the step's own rate: s_k / dt > C / T, with dt the time of one more
+        verified token and C / T the step's predicted committed tokens per
+        second, i.e. s_k > dt * bs * E(W) / t(bs, W). dt is the profiled
+        verify cost per token (the profile's slope over the widths, at the
+        bucket's learned scale); the measured step time t(bs, W) already holds
+        what truncation saves. At one request a verified token is nearly free
+        (threshold ~0.1: almost nothing is cut); at a saturated batch it costs
+        ~1/8 of a step (threshold ~0.5). Capped at AUTO_TRUNCATE_MAX so that a
+        confident drafter keeps speculating at any load."""
+        t = self.cfg.truncate_below
+        if t != "auto":
+            return float(t)
+        top = max(self.widths)
+        if self.cost is None or width < 1 or top < 2:
+            return 0.0
+        _, scale = self.cost.params(batch_size)
+        per_width = scale * (self.cost.base(batch_size, top) - self.cost.base(batch_size, 1)) / (top - 1)
+        step = self.cost.predict(batch_size, width)
+        tau = per_width / step * self.stats.expected_commit(width)
+        return min(AUTO_TRUNCATE_MAX, max(0.0, tau))
 
     def last_decision(self, batch_size: int) -> list | None:
         """For the step trace: [best-on / off throughput ratio before the

@@ -20,7 +20,7 @@ from scipy.stats import chi2_contingency
 
 from harness import chat_prompts, dflash_args, run_engine
 
-# About 7 minutes on a 2-core host (100 000 four-token requests over four
+# About 10 minutes on a 2-core host (120 000 four-token requests over five
 # engines, plus the demo pair's two); SGLANG_DFLASH_SKIP_SLOW_TESTS=1 skips it for a quick local run.
 pytestmark = pytest.mark.skipif(
     os.environ.get("SGLANG_DFLASH_SKIP_SLOW_TESTS") == "1",
@@ -103,11 +103,9 @@ def test_off_path_sampled_distribution_matches_plain(plain, prompt, monkeypatch)
     assert by_width[0] == state["steps"] > 0, by_width  # every decode step ran W = 0
 
 
-def test_demo_pair_sampled_distribution_matches_plain():
-    """The trained DFlash 2 demo drafter: its selector's sampled walk proposes
-    drafts that the target often accepts under sampling, so this exercises the
-    accept test min(1, p/q) and the residual draws with the real q, not just
-    rejections of random drafts."""
+@pytest.fixture(scope="module")
+def demo():
+    """The demo pair's paths, one chat prompt for it, and its plain samples."""
     from transformers import AutoTokenizer
 
     from sglang_dflash.demo import demo_pair
@@ -118,15 +116,41 @@ def test_demo_pair_sampled_distribution_matches_plain():
     text = tok.apply_chat_template([{"role": "user", "content": mixed_prompts(1)[0]}],
                                    tokenize=False, add_generation_prompt=True)
     engine = {**ENGINE, "model_path": target}
-    plain = run_engine(engine, _runs(text))
-    spec = run_engine({**engine, "speculative_algorithm": "DFLASH",
-                       "speculative_draft_model_path": drafter}, _runs(text))
-    base, got = _features(plain["s"]), _features(spec["s"])
+    return {"engine": engine, "drafter": drafter, "text": text, "plain": run_engine(engine, _runs(text))}
+
+
+def _demo_spec(demo, with_state=False):
+    return run_engine({**demo["engine"], "speculative_algorithm": "DFLASH",
+                       "speculative_draft_model_path": demo["drafter"]}, _runs(demo["text"]),
+                      with_state=with_state)
+
+
+def _check_demo(demo, spec, label):
+    base, got = _features(demo["plain"]["s"]), _features(spec["s"])
     for key in base:
         p = _homogeneity_p(base[key], got[key])
-        assert p >= P_MIN, f"demo pair: {key} differs from plain sampling (chi-square p = {p:.2e})"
+        assert p >= P_MIN, f"{label}: {key} differs from plain sampling (chi-square p = {p:.2e})"
     lengths = [r["meta_info"]["spec_accept_length"] for r in spec["s"]["results"]]
     mean = sum(lengths) / len(lengths)
     # Only 3 tokens follow the prefill's first, so a verify commits at most 3:
     # 1.36 was measured here (adaptive policy); 1.0 would mean no draft accepted.
-    assert mean > 1.2, f"demo drafter accepts too little under sampling to test it ({mean:.2f})"
+    assert mean > 1.2, f"{label}: the drafter accepts too little under sampling to test it ({mean:.2f})"
+
+
+def test_demo_pair_sampled_distribution_matches_plain(demo):
+    """The trained DFlash 2 demo drafter: its selector's sampled walk proposes
+    drafts that the target often accepts under sampling, so this exercises the
+    accept test min(1, p/q) and the residual draws with the real q, not just
+    rejections of random drafts."""
+    _check_demo(demo, _demo_spec(demo), "demo pair")
+
+
+def test_ragged_verify_sampled_distribution_matches_plain(demo, monkeypatch):
+    """Ragged verify (truncate.py): each request verifies only the drafts whose
+    survival, from the walk's pre-draw confidences, stays >= 0.5; a request
+    cut at n drafts takes its bonus from p after draft n. Same test and
+    tolerance; the ragged path must really have run."""
+    monkeypatch.setenv("SGLANG_DFLASH_POLICY", '{"mode": "on", "truncate_below": 0.5}')
+    spec, state = _demo_spec(demo, with_state=True)
+    _check_demo(demo, spec, "ragged verify")
+    assert state["truncated_share"] > 0.05, state

@@ -945,3 +945,32 @@ def test_truncated_requests_do_not_count_as_rejections():
     assert min(stats.rates()) > 0.99
     with pytest.raises(ValueError):
         _position_counts(3, [2], limits=[1])  # more accepted than verified
+
+
+def test_auto_truncation_threshold_rises_with_the_cost_of_a_verified_token():
+    """truncate_below = "auto": ~0 where verified tokens are free (the synthetic
+    device is compute-free below 64 tokens a step), the break-even survival
+    dt * bs * E(W) / t(bs, W) where they cost, capped at AUTO_TRUNCATE_MAX."""
+    from sglang_dflash.policy import AUTO_TRUNCATE_MAX
+
+    policy = make_policy(truncate_below="auto")
+    assert policy.ragged
+    for _ in range(50):
+        policy.stats.observe(B - 1, [B - 1] * 4 + [3] * 4)  # rates well above the prior
+    assert policy.truncation_threshold(1, B - 1) == 0.0  # 8 tokens: below the free 64
+    low, high = policy.truncation_threshold(16, B - 1), policy.truncation_threshold(256, B - 1)
+    assert 0.0 < low < high <= AUTO_TRUNCATE_MAX
+    bs, w = 256, B - 1
+    per_token = 0.0002  # true_verify's slope per token, above 64 tokens
+    want = per_token * bs * policy.stats.expected_commit(w) / policy.cost.predict(bs, w)
+    assert high == pytest.approx(min(AUTO_TRUNCATE_MAX, want), rel=1e-6)
+    assert policy.truncation_threshold(256, 0) == 0.0
+    assert not make_policy().ragged and make_policy(truncate_below=0.4).truncation_threshold(64, 3) == 0.4
+
+
+@pytest.mark.parametrize("bad", [{"truncate_below": 1.0}, {"truncate_below": -0.1},
+                                 {"truncate_below": "high"}, {"truncate_below": True},
+                                 {"mode": "on", "truncate_below": "auto"}])
+def test_bad_truncation_settings_fail(bad):
+    with pytest.raises(ValueError, match="truncate_below"):
+        PolicyConfig.from_dict(bad)

@@ -99,9 +99,10 @@ class DFlashWorker(BaseSpecWorker):
         self.overlap_schedule = not get_schedule().disable_overlap_schedule
         self.clock = StepClock(self.overlap_schedule)  # decode step periods for the cost model
         self._last_decode_reqs = []  # requests of the last decode step (idle detection)
+        self.last_threshold = None  # the last ragged verify's survival threshold
         self._trace = _open_trace()
         self.policy = self._build_policy()
-        self._truncate_below: float | None = None  # decided at the first decode (truncate_below)
+        self._ragged: bool | None = None  # ragged verify on? decided at the first decode step
         self.stats = SpecStats(self.block_size - 1)
         logger.info(
             "sglang-dflash worker: v%d drafter, %d layers, block %d, target layers %s",
@@ -140,28 +141,28 @@ class DFlashWorker(BaseSpecWorker):
         return SpeculationPolicy.from_profile(cfg, self.block_size, samples)
 
     @property
-    def truncate_below(self) -> float:
-        if self._truncate_below is None:
-            self._truncate_below = self._truncation_threshold()
-        return self._truncate_below
+    def ragged(self) -> bool:
+        if self._ragged is None:
+            self._ragged = self._ragged_verify_available()
+        return self._ragged
 
-    def _truncation_threshold(self) -> float:
-        """The ragged-verify survival threshold, where the attention backend can
-        verify ragged blocks (ours, for torch_native); 0 elsewhere. Asked at the
-        first decode step: the target's backend is built after this worker."""
-        threshold = float(self.policy.cfg.truncate_below)
-        if threshold <= 0:
-            return 0.0
+    def _ragged_verify_available(self) -> bool:
+        """Ragged verify (policy truncate_below) where the attention backend can
+        verify ragged blocks: ours, for torch_native. Asked at the first decode
+        step: the target's backend is built after this worker."""
+        setting = self.policy.cfg.truncate_below
+        if not self.policy.ragged:
+            return False
         from sglang_dflash.adapter.attention import VerifyCapableTorchNativeAttnBackend
 
         backend = getattr(self.model_runner, "attn_backend", None)
         if not isinstance(backend, VerifyCapableTorchNativeAttnBackend):
-            logger.warning("sglang-dflash: truncate_below = %s ignored: ragged verify is implemented "
+            logger.warning("sglang-dflash: truncate_below = %r ignored: ragged verify is implemented "
                            "for the torch_native attention backend only (this one: %s)",
-                           threshold, type(backend).__name__)
-            return 0.0
-        logger.info("sglang-dflash: ragged verify, survival threshold %s", threshold)
-        return threshold
+                           setting, type(backend).__name__)
+            return False
+        logger.info("sglang-dflash: ragged verify, survival threshold %r", setting)
+        return True
 
     def alloc_memory_pool(
         self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None
@@ -295,9 +296,11 @@ class DFlashWorker(BaseSpecWorker):
     def _limits(self, proposal: Proposal, width: int):
         """Per-request verified drafts [bs] under ragged verify, or None when
         truncation is off or cuts nothing this step (the rectangular path)."""
-        if self.truncate_below <= 0 or proposal.confidence is None:
+        if not self.ragged or proposal.confidence is None:
             return None
-        limits = draft_limits(proposal.confidence, width, self.truncate_below)
+        bs = proposal.drafts.shape[0]
+        self.last_threshold = threshold = self.policy.truncation_threshold(bs, width)
+        limits = draft_limits(proposal.confidence, width, threshold)
         if bool((limits == width).all()):  # host read: free on CPU, the only backend with ragged verify
             return None
         return limits
@@ -409,6 +412,7 @@ class DFlashWorker(BaseSpecWorker):
             "drafter_version": self.drafter.cfg.version,
             "overlap_schedule": self.overlap_schedule,
             "policy": self.policy.snapshot(),
+            "truncate_threshold": None if self.last_threshold is None else round(self.last_threshold, 4),
             **self.stats.snapshot(),
         }
 
@@ -453,7 +457,7 @@ class DFlashWorker(BaseSpecWorker):
         ctx_k, ctx_v = self.context.gather(slots)
         embeds = self._embed(block.token_ids)
         hidden = self.drafter.forward_block(embeds, block.positions, ctx_k, ctx_v, valid)[:, 1:]
-        with_confidence = self.truncate_below > 0
+        with_confidence = self.ragged
         if self.drafter.cfg.version == 1:
             return propose_argmax(hidden, self._lm_head_weight(), with_confidence)
         bs = hidden.shape[0]
