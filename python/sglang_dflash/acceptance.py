@@ -52,6 +52,10 @@ class AcceptanceStats:
     new_tokens: int = 0
     prompts: int = 0
     per_prompt: list = field(default_factory=list)
+    # With record_steps: one (confidences [S], accepted drafts) per step, the
+    # drafter's per-slot confidence (truncate.py) beside what the target accepted.
+    record_steps: bool = False
+    step_records: list = field(default_factory=list)
 
     def __post_init__(self):
         s = self.block_size - 1
@@ -90,7 +94,8 @@ def _draft_block(drafter, target, feats: torch.Tensor, anchor_pos: int, anchor_t
     Args:
         feats: [anchor_pos, n*H] target features of the context (positions < anchor).
     Returns:
-        drafts [S] int64 and candidate ids [S, k].
+        drafts [S] int64, candidate ids [S, k] and per-slot confidence [S]
+        (select.path_confidence for DFlash 2, the head's peak probability for v1).
     """
     from .propose import propose_argmax, propose_selector
 
@@ -109,10 +114,10 @@ def _draft_block(drafter, target, feats: torch.Tensor, anchor_pos: int, anchor_t
         s = hidden.shape[1]
         prop = propose_selector(drafter, hidden, torch.tensor([anchor_tok]), head,
                                 torch.ones(1), torch.ones(1, dtype=torch.bool),
-                                torch.zeros(1, s))
+                                torch.zeros(1, s), with_confidence=True)
     else:
-        prop = propose_argmax(hidden, head)
-    return prop.drafts[0], cand_ids
+        prop = propose_argmax(hidden, head, with_confidence=True)
+    return prop.drafts[0], cand_ids, prop.confidence[0]
 
 
 @torch.no_grad()
@@ -130,14 +135,16 @@ def speculative_decode(target, drafter, prompt: Sequence[int], max_new_tokens: i
         ids = ids[:len(prompt) + max_new_tokens]
     while len(ids) - len(prompt) < max_new_tokens and ids[-1] != eos_token_id:
         anchor = len(ids) - 1
-        drafts, cands = _draft_block(drafter, target, feats[:anchor], anchor, ids[-1],
-                                     mask_token_id, use_selector, stats.k)
+        drafts, cands, confidence = _draft_block(drafter, target, feats[:anchor], anchor, ids[-1],
+                                                 mask_token_id, use_selector, stats.k)
         drafts = drafts.tolist()
         f, logits = target_features(target, torch.tensor([ids + drafts]), cfg.target_layer_ids)
         posterior = logits[0, anchor:].argmax(-1).tolist()  # [B]
         n = 0
         while n < len(drafts) and drafts[n] == posterior[n]:
             n += 1
+        if stats.record_steps:
+            stats.step_records.append((confidence.tolist(), n))
         for j in range(min(n + 1, len(drafts))):  # slots reached: 0..n
             stats.reached[j] += 1
             stats.accepted[j] += int(j < n)
@@ -182,11 +189,11 @@ def encode_prompt(tokenizer, text: str, max_len: int) -> list:
 
 
 def acceptance_report(target, tokenizer, drafter, texts: Sequence[str], *, max_new_tokens: int,
-                      k: int | None = None, log=None) -> AcceptanceStats:
+                      k: int | None = None, log=None, record_steps: bool = False) -> AcceptanceStats:
     cfg = drafter.cfg
     use_selector = drafter.candidate_selector is not None
     k = cfg.selector_top_k if use_selector else (k or 16)
-    stats = AcceptanceStats(block_size=cfg.block_size, k=k)
+    stats = AcceptanceStats(block_size=cfg.block_size, k=k, record_steps=record_steps)
     limit = target.config.max_position_embeddings - max_new_tokens - 2 * cfg.block_size
     for i, text in enumerate(texts):
         prompt = encode_prompt(tokenizer, text, limit)

@@ -59,13 +59,19 @@ train the cost model. The SGLang worker passes None there and reports the
 step's full period (start to next start, scheduler overhead included) later
 through `observe_step_time(w, seconds, bs)`.
 
-Mixed batches. SGLang's TARGET_VERIFY layout verifies a fixed number of tokens
-per request, so the policy picks ONE width per step for the whole batch. Pooled
+Mixed batches. The policy picks ONE width per step for the whole batch. Pooled
 conditional rates already give the population-mean survival (the product of
 pooled a_j telescopes to the fraction of requests accepting >= k drafts), so
-bs * E(W) is the batch's expected commit. Per-request truncation of the
-verified prefix (verify W_i tokens for request i) would be the better design
-where the attention layout allows ragged verify. When request ids are passed,
+bs * E(W) is the batch's expected commit. Within W, ragged verify
+(`truncate_below`, truncate.py) cuts each request's verified prefix where the
+drafter's own confidence says its drafts are unlikely to be accepted:
+`truncation_threshold` gives the step's survival threshold (fixed, or "auto":
+the cost model's break-even survival), `observe_verify(limits=...)` counts a
+cut request as not reaching the drafts it did not verify. The width choice
+itself still predicts E(W) untruncated while the measured step times already
+hold what truncation saves, so it leans toward speculation by the commits
+truncation gives up (a few percent where it cuts; the on/off trials measure
+served throughput and correct that call). When request ids are passed,
 per-request rates (blended with the batch rates as a prior) make the decision
 follow the current batch composition, and `snapshot()["dragging_requests"]`
 reports which requests drag the batch.

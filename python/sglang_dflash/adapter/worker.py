@@ -475,7 +475,7 @@ class DFlashWorker(BaseSpecWorker):
         """Target TARGET_VERIFY forward over [bs, num_verify] rows; with `limits`
         only each request's anchor and first limits[i] drafts run (packed, a
         ragged layout), and the outputs come back padded to [bs * num_verify]
-        (zeros in the rows that did not run, which nothing reads)."""
+        (`_unpack`: the rows that did not run are never read)."""
         rows = None if limits is None else verify_mask(limits, num_verify)  # [bs, W+1]
         pick = (lambda t: t.reshape(-1)) if rows is None else (lambda t: t[rows])  # noqa: E731
         verify_input = DFlashVerifyInput(
@@ -546,10 +546,12 @@ def _ragged_layout(verify_lens: torch.Tensor):
 
 
 def _unpack(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Packed rows [n, ...] -> [rows.numel(), ...] with zeros where rows is False."""
-    out = packed.new_zeros(rows.numel(), *packed.shape[1:])
-    out[rows.reshape(-1)] = packed
-    return out
+    """Packed rows [n, ...] -> the padded [rows.numel(), ...] layout. A row that
+    did not run holds a copy of the row before it (its request's last verified
+    row: every request verifies its anchor), which nothing reads. One gather:
+    no zero fill, no mask scatter (at batch 64 the logits are 512 x V)."""
+    index = (torch.cumsum(rows.reshape(-1).to(torch.int64), dim=0) - 1).clamp(min=0)
+    return packed.index_select(0, index)
 
 
 def _extend_positions(prefix_lens: torch.Tensor, extend_lens: torch.Tensor) -> torch.Tensor:
