@@ -48,6 +48,18 @@ def ragged_runs(starts: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor,
     return run, value
 
 
+def unpack_rows(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Packed rows [n, ...] -> the padded [rows.numel(), ...] layout, where
+    `rows` [bs, W] (or flat) marks the rows that are really there, as a prefix
+    of each request's row block starting with its first row (a ragged verify:
+    every request verifies its anchor). A row that is not there holds a copy of
+    the row before it (its request's last real row), for callers that never
+    read it. One gather: no zero fill, no mask scatter (at batch 64 a verify's
+    logits are 512 x V)."""
+    index = (torch.cumsum(rows.reshape(-1).to(torch.int64), dim=0) - 1).clamp(min=0)
+    return packed.index_select(0, index)
+
+
 def gather_rows(cache: torch.Tensor, slots: torch.Tensor, dim: int = 0) -> torch.Tensor:
     """cache.index_select(dim, slots) for a [n, L] slot table: the rows as
     [..., n, L, ...] (dim `dim` of `cache` replaced by n, L).

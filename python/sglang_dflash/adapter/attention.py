@@ -20,11 +20,12 @@ the padded rows are dropped. EXTEND and DECODE behave exactly as upstream.
 
 from __future__ import annotations
 
-import torch
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
+from sglang_dflash.ragged import unpack_rows
+from sglang_dflash.truncate import verify_mask
 from sglang_dflash.verify_attention import verify_attention
 
 
@@ -49,11 +50,9 @@ class VerifyCapableTorchNativeAttnBackend(TorchNativeAttnBackend):
         # context, and a full row per request per layer is a large copy.
         span = int(forward_batch.seq_lens.max()) + width
         query = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
-        rows = _ragged_rows(forward_batch, width)
+        rows = self._ragged_rows(forward_batch, width)
         if rows is not None:  # packed ragged rows -> the padded [bs * width] layout
-            padded = query.new_zeros(rows.numel(), *query.shape[1:])
-            padded[rows] = query
-            query = padded
+            query = unpack_rows(query, rows)
         out = verify_attention(
             query,
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
@@ -69,17 +68,21 @@ class VerifyCapableTorchNativeAttnBackend(TorchNativeAttnBackend):
             out = out[rows]
         return out.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
 
-
-def _ragged_rows(forward_batch, width):
-    """[bs * width] bool: the padded rows a ragged verify really has, or None."""
-    layout = getattr(forward_batch.spec_info, "ragged_verify_layout", None)
-    if layout is None:
-        return None
-    if getattr(forward_batch.spec_info, "custom_mask", None) is not None:
-        raise NotImplementedError("torch_native TARGET_VERIFY: a ragged verify with a tree mask")
-    lens = layout.verify_lens.to(device=forward_batch.seq_lens.device)
-    cols = torch.arange(width, device=lens.device)
-    return (cols.unsqueeze(0) < lens.unsqueeze(1)).reshape(-1)
+    def _ragged_rows(self, forward_batch, width):
+        """[bs * width] bool: the padded rows a ragged verify really has, or
+        None. Built once per forward (every layer of it reads the same layout)."""
+        layout = getattr(forward_batch.spec_info, "ragged_verify_layout", None)
+        if layout is None:
+            return None
+        cached = getattr(self, "_ragged_cache", None)
+        if cached is not None and cached[0] is layout:
+            return cached[1]
+        if getattr(forward_batch.spec_info, "custom_mask", None) is not None:
+            raise NotImplementedError("torch_native TARGET_VERIFY: a ragged verify with a tree mask")
+        lens = layout.verify_lens.to(device=forward_batch.seq_lens.device)
+        rows = verify_mask(lens.long() - 1, width).reshape(-1)
+        self._ragged_cache = (layout, rows)
+        return rows
 
 
 def _tree_mask(forward_batch, width):

@@ -48,7 +48,7 @@ from sglang_dflash.draft import context_slots, make_blocks, plan_commit
 from sglang_dflash.adapter.server_args import load_policy_config
 from sglang_dflash.policy import SpeculationPolicy
 from sglang_dflash.propose import Proposal, propose_argmax, propose_selector
-from sglang_dflash.ragged import ragged_runs
+from sglang_dflash.ragged import ragged_runs, unpack_rows
 from sglang_dflash.rejection import PAD_TOKEN_ID
 from sglang_dflash.stats import SpecStats, StepClock
 from sglang_dflash.truncate import draft_limits, verify_mask
@@ -277,8 +277,9 @@ class DFlashWorker(BaseSpecWorker):
         block = make_blocks(anchor, prefix, self.mask_token_id, self.block_size)
         proposal = self._draft(block, rows, prefix, max_prefix, sampling, width, walk_u)
         limits = self._limits(proposal, width)  # [bs] drafts each request verifies, or None = all W
+        limits_cpu = None if limits is None else limits.tolist()  # the one host read of them
         verify_ids = torch.cat([anchor.unsqueeze(1), proposal.drafts], dim=1)
-        logits_output = self._verify(batch, verify_ids, positions, cache_loc, num_verify, limits)
+        logits_output = self._verify(batch, verify_ids, positions, cache_loc, num_verify, limits, limits_cpu)
         logits = logits_output.next_token_logits.view(bs, num_verify, -1)
         result = verify_block(proposal.drafts, logits, sampling, proposal.q, verify_u, limits)
         plan = plan_commit(result.accept_len, prefix, num_verify)
@@ -290,7 +291,7 @@ class DFlashWorker(BaseSpecWorker):
         hidden = logits_output.hidden_states.view(bs, num_verify, -1)
         self.context.commit(hidden[plan.keep], positions[plan.keep], cache_loc[plan.keep])
         logits_output.hidden_states = None
-        self._pending_steps.append((width, bs, self.policy.steps - 1, None if limits is None else limits.tolist()))
+        self._pending_steps.append((width, bs, self.policy.steps - 1, limits_cpu))
         return self._step_result(logits_output, result.tokens, result.bonus, plan.commit_lens, plan.new_seq_lens)
 
     def _limits(self, proposal: Proposal, width: int):
@@ -471,11 +472,12 @@ class DFlashWorker(BaseSpecWorker):
             temperature, greedy, uniforms, with_confidence,
         )
 
-    def _verify(self, batch, verify_ids, positions, cache_loc, num_verify, limits=None):
+    def _verify(self, batch, verify_ids, positions, cache_loc, num_verify, limits=None, limits_cpu=None):
         """Target TARGET_VERIFY forward over [bs, num_verify] rows; with `limits`
         only each request's anchor and first limits[i] drafts run (packed, a
         ragged layout), and the outputs come back padded to [bs * num_verify]
-        (`_unpack`: the rows that did not run are never read)."""
+        (`ragged.unpack_rows`: the rows that did not run are never read).
+        limits_cpu: the same limits as a host list."""
         rows = None if limits is None else verify_mask(limits, num_verify)  # [bs, W+1]
         pick = (lambda t: t.reshape(-1)) if rows is None else (lambda t: t[rows])  # noqa: E731
         verify_input = DFlashVerifyInput(
@@ -484,7 +486,7 @@ class DFlashWorker(BaseSpecWorker):
             draft_token_num=num_verify,
             custom_mask=None,
             capture_hidden_mode=CaptureHiddenMode.FULL,
-            ragged_verify_layout=None if rows is None else _ragged_layout(limits + 1),
+            ragged_verify_layout=None if rows is None else _ragged_layout(limits, limits_cpu),
         )
         batch.out_cache_loc = pick(cache_loc)
         forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
@@ -493,8 +495,8 @@ class DFlashWorker(BaseSpecWorker):
         )
         logits_output = out.logits_output
         if rows is not None:
-            logits_output.next_token_logits = _unpack(logits_output.next_token_logits, rows)
-            logits_output.hidden_states = _unpack(logits_output.hidden_states, rows)
+            logits_output.next_token_logits = unpack_rows(logits_output.next_token_logits, rows)
+            logits_output.hidden_states = unpack_rows(logits_output.hidden_states, rows)
         apply_dflash_verify_logits_adjustments(
             next_token_logits=logits_output.next_token_logits,
             sampling_info=batch.sampling_info,
@@ -529,13 +531,14 @@ def _sampling_rows(sampling_info, bs: int):
     )
 
 
-def _ragged_layout(verify_lens: torch.Tensor):
-    """SGLang's RaggedVerifyLayout for per-request verify lengths [bs], built
-    directly (its constructors run a Triton kernel, absent on CPU hosts)."""
+def _ragged_layout(limits: torch.Tensor, limits_cpu: list[int]):
+    """SGLang's RaggedVerifyLayout for per-request verified drafts [bs] (verify
+    lengths limits + 1), built directly (its constructors run a Triton kernel,
+    absent on CPU hosts)."""
     from sglang.srt.speculative.ragged_verify import RaggedVerifyLayout
 
-    lens = verify_lens.to(torch.int32)
-    lens_cpu = [int(n) for n in lens.tolist()]
+    lens = (limits + 1).to(torch.int32)
+    lens_cpu = [n + 1 for n in limits_cpu]
     indptr = torch.zeros(len(lens_cpu) + 1, dtype=torch.int32, device=lens.device)
     indptr[1:] = torch.cumsum(lens, dim=0)
     total = sum(lens_cpu)
@@ -543,15 +546,6 @@ def _ragged_layout(verify_lens: torch.Tensor):
         verify_lens=lens, graph_num_tokens=total, extend_start_loc=indptr[:-1],
         qo_indptr_device=indptr, verify_lens_cpu=lens_cpu, total_verify_tokens=total,
     )
-
-
-def _unpack(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Packed rows [n, ...] -> the padded [rows.numel(), ...] layout. A row that
-    did not run holds a copy of the row before it (its request's last verified
-    row: every request verifies its anchor), which nothing reads. One gather:
-    no zero fill, no mask scatter (at batch 64 the logits are 512 x V)."""
-    index = (torch.cumsum(rows.reshape(-1).to(torch.int64), dim=0) - 1).clamp(min=0)
-    return packed.index_select(0, index)
 
 
 def _extend_positions(prefix_lens: torch.Tensor, extend_lens: torch.Tensor) -> torch.Tensor:
