@@ -276,12 +276,18 @@ class DFlashWorker(BaseSpecWorker):
         walk_u, verify_u = self._draw_uniforms(batch.reqs, prefix, width)
         block = make_blocks(anchor, prefix, self.mask_token_id, self.block_size)
         proposal = self._draft(block, rows, prefix, max_prefix, sampling, width, walk_u)
-        limits = self._limits(proposal, width)  # [bs] drafts each request verifies, or None = all W
-        limits_cpu = None if limits is None else limits.tolist()  # the one host read of them
+        limits, limits_cpu = self._limits(proposal, width)  # [bs] drafts each request verifies, or None = all W
+        if limits_cpu is not None and max(limits_cpu) < width:
+            # No request verifies past max(limits): the step is that narrower
+            # block, uniform when every request keeps it (always at batch 1).
+            num_verify = max(limits_cpu) + 1
+            proposal, verify_u = _narrowed(proposal, verify_u, num_verify - 1)
+            positions, cache_loc = positions[:, :num_verify], cache_loc[:, :num_verify]
+        verify_limits = None if limits is None or min(limits_cpu) == num_verify - 1 else limits
         verify_ids = torch.cat([anchor.unsqueeze(1), proposal.drafts], dim=1)
-        logits_output = self._verify(batch, verify_ids, positions, cache_loc, num_verify, limits, limits_cpu)
+        logits_output = self._verify(batch, verify_ids, positions, cache_loc, num_verify, verify_limits, limits_cpu)
         logits = logits_output.next_token_logits.view(bs, num_verify, -1)
-        result = verify_block(proposal.drafts, logits, sampling, proposal.q, verify_u, limits)
+        result = verify_block(proposal.drafts, logits, sampling, proposal.q, verify_u, verify_limits)
         plan = plan_commit(result.accept_len, prefix, num_verify)
         if on_publish is not None:
             on_publish(plan.new_seq_lens)
@@ -295,16 +301,18 @@ class DFlashWorker(BaseSpecWorker):
         return self._step_result(logits_output, result.tokens, result.bonus, plan.commit_lens, plan.new_seq_lens)
 
     def _limits(self, proposal: Proposal, width: int):
-        """Per-request verified drafts [bs] under ragged verify, or None when
-        truncation is off or cuts nothing this step (the rectangular path)."""
+        """(Per-request verified drafts [bs], the same as a host list) under
+        ragged verify, or (None, None) when truncation is off or cuts nothing
+        this step (the rectangular path)."""
         if not self.ragged or proposal.confidence is None:
-            return None
+            return None, None
         bs = proposal.drafts.shape[0]
         self.last_threshold = threshold = self.policy.truncation_threshold(bs, width)
         limits = draft_limits(proposal.confidence, width, threshold)
-        if bool((limits == width).all()):  # host read: free on CPU, the only backend with ragged verify
-            return None
-        return limits
+        limits_cpu = limits.tolist()  # the step's one host read of them: free on CPU, the only ragged backend
+        if min(limits_cpu) == width:
+            return None, None
+        return limits, limits_cpu
 
     def _decode_off(self, batch, on_publish, anchor, prefix, sampling):
         """Speculation off (W = 0): a plain decode step through the verify path,
@@ -529,6 +537,17 @@ def _sampling_rows(sampling_info, bs: int):
         top_k=sampling_info.top_ks.view(bs).to(torch.int64),
         min_p=sampling_info.min_ps.view(bs).float(),
     )
+
+
+def _narrowed(proposal: Proposal, uniforms: VerifyUniforms, width: int) -> tuple[Proposal, VerifyUniforms]:
+    """The proposal and verify draws of a step cut to its first `width` drafts.
+    The uniforms keep their positions (draft k's accept test and the bonus
+    draw at each accept length are the same columns), so a narrowed step
+    decides exactly as the ragged step with the same limits would."""
+    q = None if proposal.q is None else proposal.q[:, :width]
+    confidence = None if proposal.confidence is None else proposal.confidence[:, :width]
+    narrowed = Proposal(drafts=proposal.drafts[:, :width], q=q, confidence=confidence)
+    return narrowed, VerifyUniforms(accept=uniforms.accept[:, :width], sample=uniforms.sample[:, : width + 1])
 
 
 def _ragged_layout(limits: torch.Tensor, limits_cpu: list[int]):
