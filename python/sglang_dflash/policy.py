@@ -68,10 +68,10 @@ drafter's own confidence says its drafts are unlikely to be accepted:
 `truncation_threshold` gives the step's survival threshold (fixed, or "auto":
 the cost model's break-even survival), `observe_verify(limits=...)` counts a
 cut request as not reaching the drafts it did not verify. The width choice
-itself still predicts E(W) untruncated while the measured step times already
-hold what truncation saves, so it leans toward speculation by the commits
-truncation gives up (a few percent where it cuts; the on/off trials measure
-served throughput and correct that call). When request ids are passed,
+itself predicts E(W) from those rates, and the measured step times already
+hold what truncation saves; `truncation_yield` (realized over predicted
+commits of the ragged steps, per width) scales the predicted commits so that
+cost and gain are both truncated ones. When request ids are passed,
 per-request rates (blended with the batch rates as a prior) make the decision
 follow the current batch composition, and `snapshot()["dragging_requests"]`
 reports which requests drag the batch.
@@ -402,6 +402,48 @@ class _RequestStats:
                 for acc, n, p in zip(self.accepted, self.reached, prior)]
 
 
+class TruncationYield:
+    """Committed tokens of ragged-verify steps over the untruncated prediction, per width.
+
+    Why: the width choice predicts bs * E(W) from the conditional rates, but
+    under ragged verify a cut request commits at most limit + 1 tokens, and the
+    rates themselves count only the drafts that were verified (the confident
+    ones). The measured step times already hold what truncation saves, so
+    without this factor the model would charge truncated cost and credit
+    untruncated commits, leaning toward speculation by what truncation gives
+    up. factor(W) = (R_W + k) / (P_W + k): decayed sums over W's ragged steps
+    of realized and predicted commits per request, with k = `prior_weight`
+    pseudo-steps at a ratio of 1 (in units of the last prediction). A width
+    not yet run borrows the nearest observed width's factor (the wider one on
+    a tie); with none observed every factor is 1.
+    """
+
+    def __init__(self, half_life: float = math.inf, prior_weight: float = 8.0) -> None:
+        self.decay = 0.5 ** (1.0 / half_life)
+        self.prior_weight = float(prior_weight)
+        self._sums: dict[int, list[float]] = {}  # W -> [realized, predicted, last predicted]
+
+    def observe(self, width: int, predicted: float, realized: float) -> None:
+        """One ragged step at width W: predicted and realized commits per request."""
+        if not (predicted > 0 and realized >= 0):
+            raise policy_error(f"predicted = {predicted!r} must be > 0, realized = {realized!r} >= 0")
+        cell = self._sums.setdefault(width, [0.0, 0.0, predicted])
+        cell[0] = cell[0] * self.decay + realized
+        cell[1] = cell[1] * self.decay + predicted
+        cell[2] = predicted
+
+    def factor(self, width: int) -> float:
+        if width <= 0 or not self._sums:
+            return 1.0
+        near = min(self._sums, key=lambda w: (abs(w - width), -w))
+        realized, predicted, last = self._sums[near]
+        k = self.prior_weight * last
+        return (realized + k) / (predicted + k)
+
+    def snapshot(self) -> dict:
+        return {str(w): round(self.factor(w), 4) for w in sorted(self._sums)}
+
+
 # ---------------------------------------------------------------------------
 # Policy
 # ---------------------------------------------------------------------------
@@ -459,6 +501,7 @@ class SpeculationPolicy:
         self.cost = cost_model
         self.stats = AcceptanceStats(top, cfg.acceptance_half_life, cfg.prior_rate,
                                      cfg.min_weight)
+        self.truncation_yield = TruncationYield(cfg.acceptance_half_life, cfg.min_weight)
         positive = [w for w in self.widths if w > 0]
         below = [w for w in positive if w <= cfg.probe_width]
         # The probe runs at the largest candidate <= probe_width (smallest positive if none).
@@ -511,7 +554,8 @@ class SpeculationPolicy:
             commit = self._batch_commits(request_ids)
         else:
             commit = [batch_size * e for e in expected_commits(self.stats.mean)]
-        return [commit[w] / self.cost.predict(batch_size, w) for w in self.widths]
+        factor = self.truncation_yield.factor
+        return [commit[w] * factor(w) / self.cost.predict(batch_size, w) for w in self.widths]
 
     def _batch_commits(self, request_ids: Sequence[Hashable]) -> list[float]:
         """sum_i E_i(W) with per-request rates (batch rates for unseen requests)."""
@@ -586,7 +630,7 @@ class SpeculationPolicy:
         _, scale = self.cost.params(batch_size)
         per_width = scale * (self.cost.base(batch_size, top) - self.cost.base(batch_size, 1)) / (top - 1)
         step = self.cost.predict(batch_size, width)
-        tau = per_width / step * self.stats.expected_commit(width)
+        tau = per_width / step * self.stats.expected_commit(width) * self.truncation_yield.factor(width)
         return min(AUTO_TRUNCATE_MAX, max(0.0, tau))
 
     def last_decision(self, batch_size: int) -> list | None:
@@ -887,7 +931,8 @@ class SpeculationPolicy:
 
         accept_lens[i]: accepted drafts of request i (0..width), bonus EXCLUDED.
         limits: drafts each request verified under ragged verify (truncate.py;
-        each <= width), or None when every request verified `width`.
+        each <= width; all `width` when nothing was cut), or None when the
+        step did not truncate. A ragged step also trains `truncation_yield`.
         step_seconds: measured step time, or None when it is not a pure decode
         step (e.g. mixed with prefill) and must not train the cost model.
         step: the step's index (`steps` after its `choose_width`, minus 1), for
@@ -900,6 +945,9 @@ class SpeculationPolicy:
                 raise policy_error("accept_lens must be all 0 at width 0")
             self.observe_plain(step_seconds, batch_size, step)
             return
+        if limits is not None:  # a ragged step (cut or not): its commits against the prediction
+            self.truncation_yield.observe(width, self.stats.expected_commit(width),
+                                          1.0 + sum(accept_lens) / batch_size)
         self.stats.observe(width, accept_lens, limits)
         if step is not None and self.trials is not None:
             self.trials.tokens(step, batch_size + sum(accept_lens))
@@ -973,6 +1021,7 @@ class SpeculationPolicy:
             "cost": self.cost.snapshot() if self.cost is not None else None,
             "dragging_requests": self._dragging(),
             "trials": self.trials.snapshot() if self.trials is not None else None,
+            "truncation_yield": self.truncation_yield.snapshot() if self.ragged else None,
         }
 
     def _bucket_tables(self) -> dict | None:

@@ -974,3 +974,68 @@ def test_auto_truncation_threshold_rises_with_the_cost_of_a_verified_token():
 def test_bad_truncation_settings_fail(bad):
     with pytest.raises(ValueError, match="truncate_below"):
         PolicyConfig.from_dict(bad)
+
+
+def run_truncated(policy, rate, bs, steps, rng, cut_share, cut_at=1):
+    """`run` under ragged verify: a `cut_share` of the requests verify at most
+    `cut_at` drafts each step; the step costs its verified tokens (what the
+    worker measures), and the policy is told each request's limit."""
+    executed = []
+    for _ in range(steps):
+        w = policy.choose_width(bs)
+        step = policy.steps - 1
+        if w == 0:
+            seconds = true_cost(bs, 0)
+            policy.observe_plain(seconds, bs, step)
+        else:
+            limits = [min(w, cut_at) if rng.random() < cut_share else w for _ in range(bs)]
+            lens = [sample_accept(rng, [rate] * n, n) for n in limits]
+            seconds = true_verify(bs, 1 + sum(limits) / bs) + true_draft(bs)
+            policy.observe_verify(w, lens, seconds, bs, step=step, limits=limits)
+        policy.observe_period(seconds)
+        executed.append(w)
+    return executed
+
+
+def test_truncation_yield_tracks_realized_commits_of_ragged_steps():
+    """Ragged steps commit less than bs * E(W) from the (censored) rates: the
+    factor converges to realized / predicted per width, scales only W > 0,
+    and a width not run yet borrows the nearest observed one's."""
+    rng = random.Random(5)
+    policy = make_policy(truncate_below=0.5, trial_steps=0, mode="on")
+    assert policy.truncation_yield.factor(B - 1) == 1.0
+    run_truncated(policy, 0.9, 16, 400, rng, cut_share=0.7)
+    e = policy.stats.expected_commit(B - 1)
+    assert policy.stats.rates()[0] == pytest.approx(0.9, abs=0.05)  # censoring keeps rates unbiased
+    realized = 0.7 * expected_commits([0.9])[-1] + 0.3 * e
+    f = policy.truncation_yield.factor(B - 1)
+    assert f == pytest.approx(realized / e, rel=0.05) and f < 0.75
+    assert policy.truncation_yield.factor(3) == f  # borrowed from W = 7, the only one run
+    commit = [16 * c for c in expected_commits(policy.stats.mean)]
+    thr = policy.throughputs(16)
+    assert thr[0] == pytest.approx(commit[0] / policy.cost.predict(16, 0))
+    assert thr[-1] == pytest.approx(commit[-1] * f / policy.cost.predict(16, B - 1))
+    # A step that did not truncate (limits None) does not train the factor.
+    policy.observe_verify(B - 1, [B - 1] * 16, None, 16)
+    assert policy.truncation_yield.factor(B - 1) == f
+    assert make_policy().snapshot()["truncation_yield"] is None
+    assert policy.snapshot()["truncation_yield"] == {str(B - 1): round(f, 4)}
+
+
+@pytest.mark.parametrize("yield_on", [True, False])
+def test_ragged_speculation_turns_off_when_truncated_commits_do_not_pay(monkeypatch, yield_on):
+    """Batch 128, acceptance 0.9, 70% of requests cut to one draft: credited
+    untruncated commits at the truncated step cost, speculation looks 1.26x
+    ahead of plain decoding; by what it really commits it runs at ~0.76x.
+    With the factor the policy goes off; without it (the control), it stays on."""
+    rng = random.Random(6)
+    policy = make_policy(truncate_below=0.5, trial_steps=0, probe_interval=50)
+    if not yield_on:
+        monkeypatch.setattr(policy.truncation_yield, "factor", lambda w: 1.0)
+    executed = run_truncated(policy, 0.9, 128, 600, rng, cut_share=0.7)
+    tail = executed[300:]
+    if yield_on:
+        assert policy.width == 0
+        assert sum(w > 0 for w in tail) <= len(tail) / 10  # probes only
+    else:
+        assert policy.width > 0 and sum(w > 0 for w in tail) > len(tail) / 2

@@ -276,7 +276,7 @@ class DFlashWorker(BaseSpecWorker):
         walk_u, verify_u = self._draw_uniforms(batch.reqs, prefix, width)
         block = make_blocks(anchor, prefix, self.mask_token_id, self.block_size)
         proposal = self._draft(block, rows, prefix, max_prefix, sampling, width, walk_u)
-        limits, limits_cpu = self._limits(proposal, width)  # [bs] drafts each request verifies, or None = all W
+        limits, limits_cpu = self._limits(proposal, width)  # [bs] drafts each request verifies; None = all W
         if limits_cpu is not None and max(limits_cpu) < width:
             # No request verifies past max(limits): the step is that narrower
             # block, uniform when every request keeps it (always at batch 1).
@@ -301,18 +301,16 @@ class DFlashWorker(BaseSpecWorker):
         return self._step_result(logits_output, result.tokens, result.bonus, plan.commit_lens, plan.new_seq_lens)
 
     def _limits(self, proposal: Proposal, width: int):
-        """(Per-request verified drafts [bs], the same as a host list) under
-        ragged verify, or (None, None) when truncation is off or cuts nothing
-        this step (the rectangular path)."""
+        """Under ragged verify: (per-request verified drafts [bs], or None when
+        nothing is cut this step; the same as a host list, also when nothing
+        is cut, for the policy's feedback). (None, None) without truncation."""
         if not self.ragged or proposal.confidence is None:
             return None, None
         bs = proposal.drafts.shape[0]
         self.last_threshold = threshold = self.policy.truncation_threshold(bs, width)
         limits = draft_limits(proposal.confidence, width, threshold)
         limits_cpu = limits.tolist()  # the step's one host read of them: free on CPU, the only ragged backend
-        if min(limits_cpu) == width:
-            return None, None
-        return limits, limits_cpu
+        return (None if min(limits_cpu) == width else limits), limits_cpu
 
     def _decode_off(self, batch, on_publish, anchor, prefix, sampling):
         """Speculation off (W = 0): a plain decode step through the verify path,
