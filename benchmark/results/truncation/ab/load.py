@@ -15,6 +15,7 @@ if __name__ == "__main__":
     wl = sys.argv[4] if len(sys.argv) > 4 else "code"
     prompts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
                for p in load_prompts(wl, 64)]
+    prompts = [p for p in prompts if len(tok(p).input_ids) + 128 <= 512]  # fits the demo's context
     kw = {**CPU_ENGINE_DEFAULTS, "max_total_tokens": 32768, "log_level": "warning", "random_seed": 0,
           "model_path": target, "speculative_algorithm": "DFLASH", "speculative_draft_model_path": drafter,
           "max_running_requests": bs}
