@@ -28,6 +28,9 @@ from __future__ import annotations
 
 import torch
 
+from sglang_dflash.propose import Proposal
+from sglang_dflash.verify import VerifyUniforms
+
 
 def draft_limits(confidence: torch.Tensor, width: int, threshold: float) -> torch.Tensor:
     """Drafts to verify per request.
@@ -54,3 +57,17 @@ def verify_mask(limits: torch.Tensor, num_verify: int) -> torch.Tensor:
     """[bs, W+1] bool: block rows each request verifies (anchor + n_i drafts)."""
     rows = torch.arange(num_verify, device=limits.device)
     return rows.unsqueeze(0) <= limits.unsqueeze(1)
+
+
+def narrow_step(proposal: Proposal, uniforms: VerifyUniforms, width: int) -> tuple[Proposal, VerifyUniforms]:
+    """A step's proposal and verify draws cut to its first `width` drafts.
+
+    When every request's limit is <= width, the step verifies that narrower
+    block (rectangular when all limits equal it) rather than a padded ragged
+    block of the policy's W. The uniforms keep their columns (draft k's accept
+    test, the bonus draw at each accept length), so the narrowed step decides
+    exactly as the wide ragged step with the same limits would."""
+    q = None if proposal.q is None else proposal.q[:, :width]
+    confidence = None if proposal.confidence is None else proposal.confidence[:, :width]
+    narrowed = Proposal(drafts=proposal.drafts[:, :width], q=q, confidence=confidence)
+    return narrowed, VerifyUniforms(accept=uniforms.accept[:, :width], sample=uniforms.sample[:, : width + 1])

@@ -8,7 +8,8 @@ import torch
 
 from sglang_dflash.rejection import PAD_TOKEN_ID
 from sglang_dflash.select import path_confidence, walk
-from sglang_dflash.truncate import draft_limits, verify_mask
+from sglang_dflash.propose import Proposal
+from sglang_dflash.truncate import draft_limits, narrow_step, verify_mask
 from sglang_dflash.verify import SamplingRows, VerifyUniforms, verify_block
 
 torch.set_num_threads(1)
@@ -75,6 +76,31 @@ def test_greedy_limits_equal_verifying_each_prefix_alone():
         a = int(alone.accept_len[0])
         assert res.tokens[i, :a + 1].tolist() == alone.tokens[0, :a + 1].tolist()
         assert (res.tokens[i, a + 1:] == PAD_TOKEN_ID).all()
+
+
+@pytest.mark.parametrize("same_limits", [True, False])
+def test_narrowed_step_decides_as_the_wide_ragged_step(same_limits):
+    """The worker verifies max(limits) drafts when every request stops short
+    of W (narrow_step): greedy and sampled rows accept and emit exactly what
+    the W-wide ragged verify with the same limits and uniforms does."""
+    torch.manual_seed(2)
+    bs, w, v, n = 48, 6, 5, 3
+    logits = torch.randn(bs, w + 1, v) * 2
+    q = torch.softmax(torch.randn(bs, w, v) * 2, -1)
+    drafts = torch.multinomial(q.view(-1, v), 1).view(bs, w)
+    greedy = torch.arange(bs) % 4 == 0
+    rows = SamplingRows(torch.full((bs,), 0.8), torch.ones(bs), torch.where(greedy, 1, v).long(), torch.zeros(bs))
+    uni = VerifyUniforms(torch.rand(bs, w), torch.rand(bs, w + 1))
+    limits = torch.full((bs,), n) if same_limits else torch.randint(0, n + 1, (bs,)).index_fill_(0, torch.tensor([1]), n)
+    wide = verify_block(drafts, logits, rows, q, uni, limits=limits)
+    proposal, narrow_uni = narrow_step(Proposal(drafts=drafts, q=q, confidence=torch.rand(bs, w)), uni, n)
+    assert proposal.drafts.shape == (bs, n) and proposal.q.shape == (bs, n, v) and proposal.confidence.shape == (bs, n)
+    narrow = verify_block(proposal.drafts, logits[:, :n + 1], rows, proposal.q, narrow_uni,
+                          limits=None if same_limits else limits)
+    assert torch.equal(narrow.accept_len, wide.accept_len)
+    assert torch.equal(narrow.tokens, wide.tokens[:, :n + 1])
+    assert (wide.tokens[:, n + 1:] == PAD_TOKEN_ID).all()
+    assert 0 < int((narrow.accept_len > 0).sum()) < bs  # the case is not degenerate
 
 
 # ---- sampling: the first two emitted tokens must be distributed as the target's ----

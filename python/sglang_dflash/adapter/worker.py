@@ -51,7 +51,7 @@ from sglang_dflash.propose import Proposal, propose_argmax, propose_selector
 from sglang_dflash.ragged import ragged_runs, unpack_rows
 from sglang_dflash.rejection import PAD_TOKEN_ID
 from sglang_dflash.stats import SpecStats, StepClock
-from sglang_dflash.truncate import draft_limits, verify_mask
+from sglang_dflash.truncate import draft_limits, narrow_step, verify_mask
 from sglang_dflash.verify import SamplingRows, VerifyUniforms, verify_block
 
 logger = logging.getLogger(__name__)
@@ -281,7 +281,7 @@ class DFlashWorker(BaseSpecWorker):
             # No request verifies past max(limits): the step is that narrower
             # block, uniform when every request keeps it (always at batch 1).
             num_verify = max(limits_cpu) + 1
-            proposal, verify_u = _narrowed(proposal, verify_u, num_verify - 1)
+            proposal, verify_u = narrow_step(proposal, verify_u, num_verify - 1)
             positions, cache_loc = positions[:, :num_verify], cache_loc[:, :num_verify]
         verify_limits = None if limits is None or min(limits_cpu) == num_verify - 1 else limits
         verify_ids = torch.cat([anchor.unsqueeze(1), proposal.drafts], dim=1)
@@ -535,17 +535,6 @@ def _sampling_rows(sampling_info, bs: int):
         top_k=sampling_info.top_ks.view(bs).to(torch.int64),
         min_p=sampling_info.min_ps.view(bs).float(),
     )
-
-
-def _narrowed(proposal: Proposal, uniforms: VerifyUniforms, width: int) -> tuple[Proposal, VerifyUniforms]:
-    """The proposal and verify draws of a step cut to its first `width` drafts.
-    The uniforms keep their positions (draft k's accept test and the bonus
-    draw at each accept length are the same columns), so a narrowed step
-    decides exactly as the ragged step with the same limits would."""
-    q = None if proposal.q is None else proposal.q[:, :width]
-    confidence = None if proposal.confidence is None else proposal.confidence[:, :width]
-    narrowed = Proposal(drafts=proposal.drafts[:, :width], q=q, confidence=confidence)
-    return narrowed, VerifyUniforms(accept=uniforms.accept[:, :width], sample=uniforms.sample[:, : width + 1])
 
 
 def _ragged_layout(limits: torch.Tensor, limits_cpu: list[int]):
