@@ -24,6 +24,12 @@ class Proposal:
     # [bs, S] float32 the drafter's confidence per slot (truncate.py), when asked for
     confidence: Optional[torch.Tensor] = None
 
+    def first(self, width: int) -> Proposal:
+        """The proposal of the first `width` slots (views, no copy)."""
+        q = None if self.q is None else self.q[:, :width]
+        confidence = None if self.confidence is None else self.confidence[:, :width]
+        return Proposal(drafts=self.drafts[:, :width], q=q, confidence=confidence)
+
 
 def propose_argmax(hidden: torch.Tensor, lm_head_weight: torch.Tensor,
                    with_confidence: bool = False) -> Proposal:

@@ -67,7 +67,5 @@ def narrow_step(proposal: Proposal, uniforms: VerifyUniforms, width: int) -> tup
     block of the policy's W. The uniforms keep their columns (draft k's accept
     test, the bonus draw at each accept length), so the narrowed step decides
     exactly as the wide ragged step with the same limits would."""
-    q = None if proposal.q is None else proposal.q[:, :width]
-    confidence = None if proposal.confidence is None else proposal.confidence[:, :width]
-    narrowed = Proposal(drafts=proposal.drafts[:, :width], q=q, confidence=confidence)
-    return narrowed, VerifyUniforms(accept=uniforms.accept[:, :width], sample=uniforms.sample[:, : width + 1])
+    return proposal.first(width), VerifyUniforms(accept=uniforms.accept[:, :width],
+                                                 sample=uniforms.sample[:, : width + 1])

@@ -277,13 +277,17 @@ class DFlashWorker(BaseSpecWorker):
         block = make_blocks(anchor, prefix, self.mask_token_id, self.block_size)
         proposal = self._draft(block, rows, prefix, max_prefix, sampling, width, walk_u)
         limits, limits_cpu = self._limits(proposal, width)  # [bs] drafts each request verifies; None = all W
-        if limits_cpu is not None and max(limits_cpu) < width:
-            # No request verifies past max(limits): the step is that narrower
-            # block, uniform when every request keeps it (always at batch 1).
-            num_verify = max(limits_cpu) + 1
-            proposal, verify_u = narrow_step(proposal, verify_u, num_verify - 1)
-            positions, cache_loc = positions[:, :num_verify], cache_loc[:, :num_verify]
-        verify_limits = None if limits is None or min(limits_cpu) == num_verify - 1 else limits
+        verify_limits = None
+        if limits_cpu is not None:
+            kept = max(limits_cpu)
+            if kept < width:
+                # No request verifies past `kept`: the step is that narrower
+                # block, uniform when every request keeps it (always at batch 1).
+                num_verify = kept + 1
+                proposal, verify_u = narrow_step(proposal, verify_u, kept)
+                positions, cache_loc = positions[:, :num_verify], cache_loc[:, :num_verify]
+            if min(limits_cpu) < kept:
+                verify_limits = limits
         verify_ids = torch.cat([anchor.unsqueeze(1), proposal.drafts], dim=1)
         logits_output = self._verify(batch, verify_ids, positions, cache_loc, num_verify, verify_limits, limits_cpu)
         logits = logits_output.next_token_logits.view(bs, num_verify, -1)
@@ -301,16 +305,16 @@ class DFlashWorker(BaseSpecWorker):
         return self._step_result(logits_output, result.tokens, result.bonus, plan.commit_lens, plan.new_seq_lens)
 
     def _limits(self, proposal: Proposal, width: int):
-        """Under ragged verify: (per-request verified drafts [bs], or None when
-        nothing is cut this step; the same as a host list, also when nothing
-        is cut, for the policy's feedback). (None, None) without truncation."""
+        """Under ragged verify: (per-request verified drafts [bs], the same as
+        a host list), also when nothing is cut (the policy's feedback counts
+        every ragged step); (None, None) without truncation."""
         if not self.ragged or proposal.confidence is None:
             return None, None
         bs = proposal.drafts.shape[0]
         self.last_threshold = threshold = self.policy.truncation_threshold(bs, width)
         limits = draft_limits(proposal.confidence, width, threshold)
         limits_cpu = limits.tolist()  # the step's one host read of them: free on CPU, the only ragged backend
-        return (None if min(limits_cpu) == width else limits), limits_cpu
+        return limits, limits_cpu
 
     def _decode_off(self, batch, on_publish, anchor, prefix, sampling):
         """Speculation off (W = 0): a plain decode step through the verify path,
@@ -453,10 +457,7 @@ class DFlashWorker(BaseSpecWorker):
     def _draft(self, block, rows, prefix, max_prefix, sampling, width, walk_uniforms) -> Proposal:
         """Drafts for the first `width` >= 1 positions after the anchor. The
         drafter always drafts its whole block (its cost barely depends on W)."""
-        proposal = self._draft_block(block, rows, prefix, max_prefix, sampling, walk_uniforms)
-        q = None if proposal.q is None else proposal.q[:, :width]
-        confidence = None if proposal.confidence is None else proposal.confidence[:, :width]
-        return Proposal(drafts=proposal.drafts[:, :width], q=q, confidence=confidence)
+        return self._draft_block(block, rows, prefix, max_prefix, sampling, walk_uniforms).first(width)
 
     def _draft_block(self, block, rows, prefix, max_prefix, sampling, uniforms) -> Proposal:
         """One drafter pass over the block, then the v1 argmax or the v2 selector path."""
