@@ -462,6 +462,7 @@ def best_width_bruteforce(rates: Sequence[float], cost_fn: Callable[[int, int], 
 
 
 _EARLY_OFF_PROBES = 3  # per batch-size bucket; see SpeculationPolicy._maybe_probe
+_EARLY_ON_PROBES = 3  # per batch-size bucket; see SpeculationPolicy._on_cost_unmeasured
 # While on: re-measure W = 0 in the current bucket when its estimate has gone
 # stale (aged weight below this) and off is predicted within _REFRESH_CLOSE of
 # the current width; see SpeculationPolicy._off_estimate_stale.
@@ -517,6 +518,7 @@ class SpeculationPolicy:
         self._probe_at = 0  # ... and its width
         self._requests: dict[Hashable, _RequestStats] = {}
         self._early_off_probes: dict[int, int] = {}  # bucket -> early off probes run
+        self._early_on_probes: dict[int, int] = {}  # bucket -> early on probes run
         self._bucket, self._bucket_run = -1, 0  # batch-size bucket of the last steps (-1: none yet), and for how many
         self._cold_steps = 0  # steps held at the cold-start width before any step was timed
         self._backoff = 1  # probe interval multiplier: 1, 2, 4, ... up to cfg.probe_backoff
@@ -759,8 +761,8 @@ class SpeculationPolicy:
         """The width this step runs: the decided one, or a probe's.
 
         A probe lasts `probe_length` steps (`_probe_left` counts the rest).
-        Two kinds start one: an off-cost refresh while on (`_off_refresh`), and
-        the periodic probe (`_periodic_probe`), once every `self.probe_interval`
+        Three kinds start one: an off-cost refresh while on (`_off_refresh`),
+        an early on probe while off (`_on_cost_unmeasured`), and the periodic probe (`_periodic_probe`), once every `self.probe_interval`
         steps (the configured interval, doubled after each probe up to
         `probe_backoff` times while the width and the batch-size bucket stay
         the same).
@@ -773,6 +775,9 @@ class SpeculationPolicy:
         if self.cfg.probe_interval == 0 or len(self.widths) == 1:
             return self.width
         probe = self._off_refresh(batch_size, thr)
+        if probe is None and self._on_cost_unmeasured(batch_size):
+            self._early_on_probes[self._bucket] = self._early_on_probes.get(self._bucket, 0) + 1
+            probe = self._start_probe(self.widths[_best_on(thr)], self.cfg.probe_length + 2)
         return self._periodic_probe(batch_size) if probe is None else probe
 
     def _off_refresh(self, batch_size: int, thr: list[float]) -> int | None:
@@ -884,6 +889,33 @@ class SpeculationPolicy:
         return (self.width > 0 and self.widths[0] == 0 and self.cost is not None
                 and not self.cost.observed(batch_size, 0)
                 and self._early_off_probes.get(bucket_of(batch_size), 0) < _EARLY_OFF_PROBES)
+
+    def _on_cost_unmeasured(self, batch_size: int) -> bool:
+        """Off, the batch settled in its bucket (as for the early off probe), no
+        W > 0 step timed in that bucket yet, and fewer than `_EARLY_ON_PROBES`
+        early on probes run there: then one probe at the model's best W > 0,
+        two steps longer than a periodic one.
+
+        Why: there W > 0 is predicted from the start-up profile scaled by a fit
+        of W = 0 steps alone, and the periodic probes wait in proportion to that
+        prediction (`_probe_wait`), so a profile that overstates speculation's
+        cost kept it off for good. Seen in the serving grid (code c64, a 2-core
+        Intel host): the profile, taken while the server's own tokenizer and
+        detokenizer processes started, put the drafter at bs 16-64 at 80-120 ms
+        (7-11 ms timed alone); W = 7 was predicted at ~9x a plain step where
+        the always-on server measured ~2.9x, the probes would have waited ~800
+        steps, and adaptive decoded plainly through cells where always-on
+        committed ~1.4x off's tokens per second of decode. The W > 0 cells of a
+        bucket share their residual (`CostModel`), so one width measured
+        corrects them all."""
+        if self.width != 0 or self.cost is None or self.widths[-1] == 0:
+            return False
+        early = self._settle_steps()
+        if self._since_probe < early or self._bucket_run < early:
+            return False
+        if self._early_on_probes.get(self._bucket, 0) >= _EARLY_ON_PROBES:
+            return False
+        return not any(self.cost.observed(batch_size, w) for w in self.widths if w > 0)
 
     def _off_estimate_stale(self, batch_size: int, thr: list[float]) -> bool:
         """On, W = 0 measured in this bucket but not lately (the cell's aged
