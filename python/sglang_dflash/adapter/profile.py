@@ -6,27 +6,49 @@ where speculation is in question, and attention over the context adds a part
 that the policy's online correction learns from real steps. We time exactly
 those parts with the target's own weights: every 2-D weight of the target's
 decoder layers plus the LM head, applied to bs * q tokens, and the drafter's
-real block forward for `bs` requests over a context of `context_len` tokens.
+real block forward for `bs` requests over a context of `context_len` tokens
+followed by the worker's own proposal step (the head, and for DFlash 2 the
+candidates, selector and walk).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
 
+from sglang_dflash.propose import propose_argmax, propose_selector
+
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
-def _time(fn, reps: int = 3) -> float:
-    fn()  # warm-up (allocator, kernel selection)
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
+def _best_times(makers: list, passes: int = 3) -> list[float]:
+    """The fastest of `passes` timings of each sample; `makers[i]()` builds
+    sample i's inputs and returns the call to time (warmed up once, in the
+    first pass).
+
+    Passes sweep all samples in turn rather than repeating one back to back:
+    a server profiles while its own tokenizer and detokenizer processes start
+    on the same cores, and a burst of that work covering every repetition of
+    one sample inflated it ~10x (the drafter at bs 16-64 timed 80-120 ms on a
+    2-core host, 7-11 ms alone); spread over the whole profile, a burst hits
+    one pass of a sample and the minimum drops it. Inputs are built per
+    sample and pass, so only one sample's inputs are alive at a time."""
+    best = [float("inf")] * len(makers)
+    for p in range(passes):
+        for i, make in enumerate(makers):
+            fn = make()
+            if p == 0:
+                fn()  # warm-up (allocator, kernel selection)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            best[i] = min(best[i], time.perf_counter() - start)
+            del fn
     return best
 
 
@@ -42,18 +64,23 @@ def profile_costs(target_model, drafter, block_size: int, *, widths=None,
     """Samples `(bs, tokens_per_request, drafted, seconds)` for `CostModel.from_profile`."""
     weights = _dense_weights(target_model)
     widths = sorted(set(widths or range(block_size)) | {0})
-    samples = []
+    keys, makers = [], []
     for bs in batch_sizes:
         for width in widths:
-            samples.append((bs, width + 1, False, _time_verify(weights, bs * (width + 1))))
+            keys.append((bs, width + 1, False))
+            makers.append(functools.partial(_verify_fn, weights, bs * (width + 1)))
+        keys.append((bs, None, True))
+        makers.append(functools.partial(_draft_fn, drafter, bs, block_size, context_len, weights[-1]))
+    seconds = dict(zip(keys, _best_times(makers)))
+    samples = []
+    for bs in batch_sizes:
+        samples += [(bs, width + 1, False, seconds[bs, width + 1, False]) for width in widths]
         # A drafted step = a plain step plus the drafter's block forward.
-        plain = samples[-len(widths)][3]
-        draft = _time_draft(drafter, bs, block_size, context_len, weights[-1])
-        samples.append((bs, 1, True, plain + draft))
+        samples.append((bs, 1, True, seconds[bs, 1, False] + seconds[bs, None, True]))
     return samples
 
 
-def _time_verify(weights, num_tokens: int) -> float:
+def _verify_fn(weights, num_tokens: int):
     dev, dt = weights[0].device, weights[0].dtype
     inputs = {w.shape[1]: torch.randn(num_tokens, w.shape[1], device=dev, dtype=dt) for w in weights}
 
@@ -61,10 +88,10 @@ def _time_verify(weights, num_tokens: int) -> float:
         for w in weights:
             torch.nn.functional.linear(inputs[w.shape[1]], w)
 
-    return _time(verify)
+    return verify
 
 
-def _time_draft(drafter, bs, block_size, context_len, lm_head_weight) -> float:
+def _draft_fn(drafter, bs, block_size, context_len, lm_head_weight):
     cfg = drafter.cfg
     param = next(drafter.parameters())
     device, dtype = param.device, param.dtype
@@ -75,8 +102,18 @@ def _time_draft(drafter, bs, block_size, context_len, lm_head_weight) -> float:
     ctx_v = torch.randn(kv_shape, device=device, dtype=dtype)
     valid = torch.ones(bs, context_len, dtype=torch.bool, device=device)
 
-    def draft():
-        h = drafter.forward_block(embeds, positions, ctx_k, ctx_v, valid)
-        (h[:, 1:] @ lm_head_weight.T).argmax(-1)
+    anchor = torch.zeros(bs, dtype=torch.int64, device=device)
+    greedy = torch.ones(bs, dtype=torch.bool, device=device)
+    temperature = torch.ones(bs, device=device)
+    uniforms = torch.rand(bs, block_size - 1, device=device)
 
-    return _time(draft)
+    def draft():
+        # The worker's own path from block states to drafts (`_draft_block`):
+        # the head, and for DFlash 2 the candidates, selector scores and walk.
+        h = drafter.forward_block(embeds, positions, ctx_k, ctx_v, valid)[:, 1:]
+        if cfg.version == 1:
+            propose_argmax(h, lm_head_weight)
+        else:
+            propose_selector(drafter, h, anchor, lm_head_weight, temperature, greedy, uniforms)
+
+    return draft

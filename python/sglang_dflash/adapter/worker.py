@@ -138,6 +138,9 @@ class DFlashWorker(BaseSpecWorker):
         samples = profile_costs(self.model_runner.model, self.drafter, self.block_size, widths=cfg.widths)
         logger.info("sglang-dflash: cost profile (%d samples) in %.1fs",
                     len(samples), time.perf_counter() - start)
+        if self._trace is not None:  # so a trace replays offline through the same CostModel
+            self._trace.write(json.dumps({"pid": os.getpid(), "t": round(time.perf_counter(), 6),
+                                          "kind": "profile", "samples": samples}) + "\n")
         return SpeculationPolicy.from_profile(cfg, self.block_size, samples)
 
     @property
