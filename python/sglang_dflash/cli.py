@@ -42,11 +42,53 @@ def _given(args: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
+def _value(args: list[str], flag: str) -> str | None:
+    """The value of `flag` in `args` (`--flag v` or `--flag=v`), the last one given."""
+    value = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(flag + "="):
+            value = a[len(flag) + 1:]
+    return value
+
+
+def cpu_dtype(model_path: str | None) -> str | None:
+    """"float32" for a local checkpoint stored in float32 (or whose config names
+    no dtype), else None (SGLang's "auto" keeps the checkpoint's dtype).
+
+    Why: "auto" downcasts a float32 checkpoint to float16, a GPU convention;
+    torch's CPU kernels run float16 slowest of the three float types (they
+    convert to and from it: 71% of a drafter forward's time went to
+    `aten::copy_` in a served profile). Measured on a 2-core host with the
+    demo pair (benchmark/RESULTS.md, "CPU dtype"): plain decoding and
+    speculation were both slower in float16 than in float32 in every cell
+    tried. bfloat16 is fast only where the CPU has native bfloat16 units, so
+    the default keeps the checkpoint's float32; `--dtype` overrides it."""
+    if not model_path:
+        return None
+    path = os.path.join(model_path, "config.json")
+    if not os.path.isfile(path):
+        return None  # a hub id or an unusual layout: leave SGLang's default
+    import json
+
+    with open(path) as f:
+        cfg = json.load(f)
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    dtype = (cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype")
+             or text.get("torch_dtype"))
+    return "float32" if dtype in (None, "float32") else None
+
+
 def with_cpu_defaults(args: list[str]) -> list[str]:
     out = list(args)
     for flag, values in CPU_DEFAULTS:
         if not _given(out, flag):
             out += [flag, *values]
+    if not _given(out, "--dtype"):
+        dtype = cpu_dtype(_value(out, "--model-path"))
+        if dtype is not None:
+            out += ["--dtype", dtype]
     return out
 
 
@@ -80,7 +122,7 @@ def print_cpu_env() -> None:
     from sglang_dflash import cpu_runtime
 
     env = cpu_runtime.cpu_env({"PYTHONPATH": os.environ.get("PYTHONPATH", "")})
-    for key in ("PYTHONPATH", "SGLANG_USE_CPU_ENGINE", "TORCHDYNAMO_DISABLE"):
+    for key in ("PYTHONPATH", "SGLANG_USE_CPU_ENGINE", "TORCHDYNAMO_DISABLE", "THP_MEM_ALLOC_ENABLE"):
         print(f"export {key}={env[key]}")
 
 
