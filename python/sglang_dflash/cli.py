@@ -61,10 +61,11 @@ def cpu_dtype(model_path: str | None) -> str | None:
     torch's CPU kernels run float16 slowest of the three float types (they
     convert to and from it: 71% of a drafter forward's time went to
     `aten::copy_` in a served profile). Measured on a 2-core host with the
-    demo pair (benchmark/RESULTS.md, "CPU dtype"): plain decoding and
-    speculation were both slower in float16 than in float32 in every cell
-    tried. bfloat16 is fast only where the CPU has native bfloat16 units, so
-    the default keeps the checkpoint's float32; `--dtype` overrides it."""
+    demo pair (benchmark/RESULTS.md, "CPU dtype and huge pages"): plain
+    decoding and always-on speculation were slower in float16 than in float32
+    in all six cells tried (up to 1.3x for speculation). bfloat16 is fast only
+    where the CPU has native bfloat16 units, so the default keeps the
+    checkpoint's float32; `--dtype` overrides it."""
     if not model_path:
         return None
     path = os.path.join(model_path, "config.json")

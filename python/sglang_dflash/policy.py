@@ -28,7 +28,9 @@ accept_len + 1 including the bonus; E(W) is the expected commit_len).
   measured, not only extrapolated), every 4th at W = 0; W = 0 is also timed
   early in every new batch-size bucket, and again when its estimate there has
   gone stale, or predates the load the batch just settled into, while the
-  decision is close. Probes are exploration, and they cost
+  decision is close; while off, a W > 0 step is timed early in a bucket
+  where none was (so a profile that overstates speculation's cost cannot
+  keep it off unmeasured). Probes are exploration, and they cost
   throughput (a W = 0 probe at concurrency 1 commits one token where the
   decided width commits ~6): while nothing changes, the interval doubles after
   each probe up to `probe_backoff` x `probe_interval`, and drops back to
