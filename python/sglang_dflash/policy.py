@@ -764,8 +764,8 @@ class SpeculationPolicy:
 
         A probe lasts `probe_length` steps (`_probe_left` counts the rest).
         Three kinds start one: an off-cost refresh while on (`_off_refresh`),
-        an early on probe while off (`_on_cost_unmeasured`), and the periodic probe (`_periodic_probe`), once every `self.probe_interval`
-        steps (the configured interval, doubled after each probe up to
+        an early on probe while off (`_on_cost_unmeasured`), and the periodic
+        probe (`_periodic_probe`), once every `self.probe_interval` steps (the configured interval, doubled after each probe up to
         `probe_backoff` times while the width and the batch-size bucket stay
         the same).
         """
@@ -902,9 +902,9 @@ class SpeculationPolicy:
         of W = 0 steps alone, and the periodic probes wait in proportion to that
         prediction (`_probe_wait`), so a profile that overstates speculation's
         cost kept it off for good. Seen in the serving grid (code c64, a 2-core
-        Intel host): the profile, taken while the server's own tokenizer and
-        detokenizer processes started, put the drafter at bs 16-64 at 80-120 ms
-        (7-11 ms timed alone); W = 7 was predicted at ~9x a plain step where
+        Intel host): the profile put the drafter at bs 16-64 at 80-130 ms (the
+        server ran float16, and the profile's head was a strided 3-D matmul;
+        7-27 ms in float32 through the worker's path); W = 7 was predicted at ~9x a plain step where
         the always-on server measured ~2.9x, the probes would have waited ~800
         steps, and adaptive decoded plainly through cells where always-on
         committed ~1.4x off's tokens per second of decode. The W > 0 cells of a

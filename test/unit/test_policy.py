@@ -283,9 +283,8 @@ def _cpu_server_cost(bs, w):
 
 def _profile_overstating_the_drafter():
     """The verify curves as `profile()`, the drafter at 2 ms per request: seen
-    in a served trace, a profile taken while the server's own tokenizer and
-    detokenizer processes started put the demo drafter at 80-120 ms for bs
-    16-64 (7-11 ms when timed alone)."""
+    in a served trace, a profile put the demo drafter at 80-130 ms for bs
+    16-64 (a float16 server; 7-27 ms in float32)."""
     samples = [(bs, q, False, true_verify(bs, q)) for bs in PROFILE_BS for q in range(1, B + 1)]
     return samples + [(bs, B, True, true_verify(bs, B) + 0.002 * bs) for bs in PROFILE_BS]
 

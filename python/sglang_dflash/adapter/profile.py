@@ -29,12 +29,11 @@ def _best_times(makers: list, passes: int = 3) -> list[float]:
     first pass).
 
     Passes sweep all samples in turn rather than repeating one back to back:
-    a server profiles while its own tokenizer and detokenizer processes start
-    on the same cores, and a burst of that work covering every repetition of
-    one sample inflated it ~10x (the drafter at bs 16-64 timed 80-120 ms on a
-    2-core host, 7-11 ms alone); spread over the whole profile, a burst hits
-    one pass of a sample and the minimum drops it. Inputs are built per
-    sample and pass, so only one sample's inputs are alive at a time."""
+    a server profiles while its other processes (tokenizer, detokenizer)
+    start on the same cores, and a burst of other work then covers one pass of
+    a sample, not all its repetitions, and the minimum drops it. Inputs are
+    built per sample and pass, so only one sample's inputs are alive at a
+    time."""
     best = [float("inf")] * len(makers)
     for p in range(passes):
         for i, make in enumerate(makers):
