@@ -464,7 +464,7 @@ def best_width_bruteforce(rates: Sequence[float], cost_fn: Callable[[int, int], 
 
 
 _EARLY_OFF_PROBES = 3  # per batch-size bucket; see SpeculationPolicy._maybe_probe
-_EARLY_ON_PROBES = 3  # per batch-size bucket; see SpeculationPolicy._on_cost_unmeasured
+_EARLY_ON_PROBES = 3  # per batch-size bucket; see SpeculationPolicy._early_on_probe
 # While on: re-measure W = 0 in the current bucket when its estimate has gone
 # stale (aged weight below this) and off is predicted within _REFRESH_CLOSE of
 # the current width; see SpeculationPolicy._off_estimate_stale.
@@ -764,7 +764,7 @@ class SpeculationPolicy:
 
         A probe lasts `probe_length` steps (`_probe_left` counts the rest).
         Three kinds start one: an off-cost refresh while on (`_off_refresh`),
-        an early on probe while off (`_on_cost_unmeasured`), and the periodic
+        an early on probe while off (`_early_on_probe`), and the periodic
         probe (`_periodic_probe`), once every `self.probe_interval` steps (the configured interval, doubled after each probe up to
         `probe_backoff` times while the width and the batch-size bucket stay
         the same).
@@ -777,9 +777,8 @@ class SpeculationPolicy:
         if self.cfg.probe_interval == 0 or len(self.widths) == 1:
             return self.width
         probe = self._off_refresh(batch_size, thr)
-        if probe is None and self._on_cost_unmeasured(batch_size):
-            self._early_on_probes[self._bucket] = self._early_on_probes.get(self._bucket, 0) + 1
-            probe = self._start_probe(self.widths[_best_on(thr)], self.cfg.probe_length + 2)
+        if probe is None:
+            probe = self._early_on_probe(batch_size, thr)
         return self._periodic_probe(batch_size) if probe is None else probe
 
     def _off_refresh(self, batch_size: int, thr: list[float]) -> int | None:
@@ -892,11 +891,11 @@ class SpeculationPolicy:
                 and not self.cost.observed(batch_size, 0)
                 and self._early_off_probes.get(bucket_of(batch_size), 0) < _EARLY_OFF_PROBES)
 
-    def _on_cost_unmeasured(self, batch_size: int) -> bool:
-        """Off, the batch settled in its bucket (as for the early off probe), no
-        W > 0 step timed in that bucket yet, and fewer than `_EARLY_ON_PROBES`
-        early on probes run there: then one probe at the model's best W > 0,
-        two steps longer than a periodic one.
+    def _early_on_probe(self, batch_size: int, thr: list[float]) -> int | None:
+        """While off, a probe at the model's best W > 0, two steps longer than a
+        periodic one, when the batch settled in its bucket (as for the early
+        off probe), no W > 0 step was timed in that bucket yet, and fewer than
+        `_EARLY_ON_PROBES` such probes ran there; None otherwise.
 
         Why: there W > 0 is predicted from the start-up profile scaled by a fit
         of W = 0 steps alone, and the periodic probes wait in proportion to that
@@ -911,13 +910,16 @@ class SpeculationPolicy:
         bucket share their residual (`CostModel`), so one width measured
         corrects them all."""
         if self.width != 0 or self.cost is None or self.widths[-1] == 0:
-            return False
+            return None
         early = self._settle_steps()
         if self._since_probe < early or self._bucket_run < early:
-            return False
-        if self._early_on_probes.get(self._bucket, 0) >= _EARLY_ON_PROBES:
-            return False
-        return not any(self.cost.observed(batch_size, w) for w in self.widths if w > 0)
+            return None
+        bucket = bucket_of(batch_size)
+        run = self._early_on_probes.get(bucket, 0)
+        if run >= _EARLY_ON_PROBES or any(self.cost.observed(batch_size, w) for w in self.widths if w > 0):
+            return None
+        self._early_on_probes[bucket] = run + 1
+        return self._start_probe(self.widths[_best_on(thr)], self.cfg.probe_length + 2)
 
     def _off_estimate_stale(self, batch_size: int, thr: list[float]) -> bool:
         """On, W = 0 measured in this bucket but not lately (the cell's aged
