@@ -10,11 +10,13 @@ share of speculating steps and the mean measured step period per width. It is
 how benchmark/RESULTS.md's width counts were read (e.g. ab-pooled-c1).
 
     python benchmark/trace_report.py /tmp/steps.jsonl [--gap 5] [--min-steps 50] [--json]
+    python benchmark/trace_report.py benchmark/results/s24/trace.jsonl.gz
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 import sys
@@ -25,7 +27,8 @@ def read_trace(paths: list[str]) -> dict[int, list[dict]]:
     """pid -> its trace lines in time order."""
     rows: dict[int, list[dict]] = defaultdict(list)
     for path in paths:
-        with open(path) as f:
+        # The grid's saved traces are gzipped (benchmark/results/*/trace.jsonl.gz).
+        with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
             for n, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -93,7 +96,7 @@ def markdown(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("traces", nargs="+", help="JSON-lines files written by SGLANG_DFLASH_STEP_TRACE")
+    p.add_argument("traces", nargs="+", help="JSON-lines files written by SGLANG_DFLASH_STEP_TRACE (.gz: gzipped)")
     p.add_argument("--gap", type=float, default=5.0, help="seconds of silence that end a stretch")
     p.add_argument("--min-steps", type=int, default=50, help="drop stretches with fewer decode steps")
     p.add_argument("--json", action="store_true", help="print JSON instead of a Markdown table")

@@ -51,3 +51,15 @@ def test_bad_line_names_the_file_and_line(tmp_path):
     path.write_text(json.dumps(_line(1, 0.0, "decode", 1, 7)) + "\nnot json\n")
     with pytest.raises(SystemExit, match=r"bad.jsonl:2: not a step-trace line"):
         trace_report.read_trace([str(path)])
+
+
+def test_reads_a_gzipped_trace_like_a_plain_one(tmp_path):
+    import gzip
+
+    rows = [_line(3, 0.01 * i, "decode", 2, 7, None if i == 0 else [7, 2, 15.0]) for i in range(60)]
+    plain = _write(tmp_path, rows)
+    packed = str(tmp_path / "steps.jsonl.gz")
+    with open(plain, "rb") as src, gzip.open(packed, "wb") as dst:
+        dst.write(src.read())
+    want = trace_report.report([plain], gap=5.0, min_steps=50)
+    assert want and trace_report.report([packed], gap=5.0, min_steps=50) == want
