@@ -666,6 +666,22 @@ def _load(meta: dict, when: str) -> str:
     return "/".join(f"{x:.1f}" for x in values) if values else "n/a"
 
 
+def _pooled_note(meta: dict) -> list[str]:
+    """For a report of benchmark/pool_grids.py, the runs it pooled (in place of
+    the date line of one run); [] for a run's own report."""
+    runs = meta.get("pooled_from")
+    if not runs:
+        return []
+    lines = [f"* Pooled on {meta['date']} from {len(runs)} runs of the same grid (wall time "
+             f"{meta['wall_s'] / 60:.1f} min in all; repetitions renumbered in this order, ratios stay "
+             "within a repetition; dates and load averages in each run's own section):"]
+    for i, r in enumerate(runs, 1):
+        lines.append(f"  {i}. `{r['command']}` ({r['date']}, git {r['git_commit']}, "
+                     f"{r['repeats']} repetition(s)" + (f", section {r['section']}" if r.get("section") else "")
+                     + ")")
+    return lines
+
+
 def markdown(report: dict, summary: list[dict], plots: list[str], img_prefix: str) -> str:
     meta, opts = report["meta"], report["meta"]["settings"]
     m, v = meta["machine"], meta["versions"]
@@ -678,9 +694,10 @@ def markdown(report: dict, summary: list[dict], plots: list[str], img_prefix: st
         meta["command"],
         "```",
         "",
-        f"* Date: {meta['date']}; wall time {meta['wall_s'] / 60:.1f} min; load average (1/5/15 min) "
-        f"before {_load(meta, 'before')}, after {_load(meta, 'after')} (other work shares the host "
-        "when these exceed the CPU count).",
+        *(_pooled_note(meta) or [
+            f"* Date: {meta['date']}; wall time {meta['wall_s'] / 60:.1f} min; load average (1/5/15 min) "
+            f"before {_load(meta, 'before')}, after {_load(meta, 'after')} (other work shares the host "
+            "when these exceed the CPU count)."]),
         f"* Machine: {m['nproc']} CPUs (`nproc`), {m['cpu_model']}, {m['ram_gib']} GiB RAM"
         + (f", GPU {', '.join(m['gpu'])}" if m.get("gpu") else ", no GPU (SGLang CPU engine)") + ".",
         f"* Versions: sglang {v['sglang']}, torch {v['torch']}, transformers {v['transformers']}, "

@@ -1,0 +1,98 @@
+#!/usr/bin/env python
+"""Pool the repetitions of several runs of the same grid into one report.
+
+Two runs of one grid command (same configs, workloads, concurrency and load
+settings, same kind of host) are samples of the same cells; pooled, a cell's
+median is taken over all their repetitions, which the 5% criteria need on a
+host where two identical servers differ by up to 10-20% in one repetition
+(benchmark/RESULTS.md, the `on-2 vs on` control). Ratios stay within a
+repetition: each run's repetitions are renumbered after the previous run's, so
+no repetition of one run is paired with one of another.
+
+The sources are named in the report (command, date, commit, repetitions), and
+each run's own section stays where it is: a pooled table adds a view, it does
+not replace the runs.
+
+    python benchmark/pool_grids.py benchmark/results/s24/grid.json benchmark/results/s25/grid.json \\
+        --out benchmark/results/s24-s25 --section grid-eos-s24-s25 --results-md benchmark/RESULTS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+
+import common
+import grid
+
+# Settings that may differ between pooled runs: the repetitions (summed) and
+# what only names the run.
+_FREE = {"repeats"}
+# Raw records that stay in each run's own grid.json (megabytes; no table reads them):
+# a cell's per-request rows, and bench_serving's output lines.
+_RAW = {"requests"}
+
+
+def _settings_key(settings: dict) -> dict:
+    return {k: v for k, v in settings.items() if k not in _FREE}
+
+
+def pool(reports: list[dict]) -> dict:
+    """One report whose cells are all the runs' cells, repetitions renumbered."""
+    if len(reports) < 2:
+        raise SystemExit("pool_grids: give at least two grid.json files")
+    first = reports[0]["meta"]
+    for r in reports[1:]:
+        meta = r["meta"]
+        a, b = _settings_key(first["settings"]), _settings_key(meta["settings"])
+        differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+        if differ:
+            raise SystemExit(f"pool_grids: the runs differ in {', '.join(differ)}; "
+                             "only runs of the same grid can be pooled")
+        hosts = [(m["machine"]["nproc"], m["machine"]["cpu_model"]) for m in (first, meta)]
+        if hosts[0] != hosts[1]:
+            raise SystemExit(f"pool_grids: different hosts {hosts[0]} and {hosts[1]}")
+    cells, offset = [], 0
+    for r in reports:
+        for c in r["cells"]:
+            cell = {k: v for k, v in c.items() if k not in _RAW}
+            cells.append(dict(cell, rep=c["rep"] + offset))
+        offset += r["meta"]["settings"]["repeats"]
+    settings = dict(first["settings"], repeats=offset)
+    sources = [{"command": r["meta"]["command"], "date": r["meta"]["date"],
+                "git_commit": r["meta"]["versions"]["git_commit"],
+                "repeats": r["meta"]["settings"]["repeats"],
+                "section": r["meta"].get("section")} for r in reports]
+    commits = list(dict.fromkeys(r["meta"]["versions"]["git_commit"] for r in reports))
+    versions = dict(first["versions"], git_commit=" + ".join(commits),
+                    git_dirty=any(r["meta"]["versions"]["git_dirty"] for r in reports))
+    meta = dict(first, settings=settings, versions=versions, date=common.now_iso(), load_average=None,
+                wall_s=sum(r["meta"]["wall_s"] for r in reports), pooled_from=sources)
+    return {"meta": meta, "configs": reports[0]["configs"], "summary": None, "cells": cells,
+            "bench_serving_results": []}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("reports", nargs="+", help="grid.json files of runs of the same grid")
+    p.add_argument("--out", required=True, help="output dir (grid.json, grid.md, plots)")
+    p.add_argument("--section", required=True, help="RESULTS.md section (and heading) to write")
+    p.add_argument("--results-md", help="Markdown file whose section to update")
+    opts = p.parse_args(argv)
+    reports = []
+    for path in opts.reports:
+        with open(path) as f:
+            reports.append(json.load(f))
+    report = pool(reports)
+    args = sys.argv[1:] if argv is None else list(argv)
+    report["meta"]["command"] = "python " + shlex.join(["benchmark/pool_grids.py"] + args)
+    report["meta"]["section"] = opts.section
+    grid.render(report, os.path.abspath(opts.out), opts.results_md, opts.section)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
