@@ -28,11 +28,10 @@ import sys
 import common
 import grid
 
-# Settings that may differ between pooled runs: the repetitions (summed) and
-# what only names the run.
+# The one setting pooled runs may differ in: their repetitions (summed).
 _FREE = {"repeats"}
-# Raw records that stay in each run's own grid.json (megabytes; no table reads them):
-# a cell's per-request rows, and bench_serving's output lines.
+# A cell's raw per-request rows stay in each run's own grid.json (megabytes; no
+# table reads them), as do bench_serving's output lines.
 _RAW = {"requests"}
 
 
