@@ -27,7 +27,7 @@ def read_trace(paths: list[str]) -> dict[int, list[dict]]:
     """pid -> its trace lines in time order."""
     rows: dict[int, list[dict]] = defaultdict(list)
     for path in paths:
-        # The grid's saved traces are gzipped (benchmark/results/*/trace.jsonl.gz).
+        # Traces kept beside grid results are gzipped (benchmark/results/*/trace.jsonl.gz).
         with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
             for n, line in enumerate(f, 1):
                 if not line.strip():

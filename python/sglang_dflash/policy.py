@@ -463,7 +463,7 @@ def best_width_bruteforce(rates: Sequence[float], cost_fn: Callable[[int, int], 
     return best
 
 
-_EARLY_OFF_PROBES = 3  # per batch-size bucket; see SpeculationPolicy._maybe_probe
+_EARLY_OFF_PROBES = 3  # per batch-size bucket; see SpeculationPolicy._off_refresh
 _EARLY_ON_PROBES = 3  # per batch-size bucket; see SpeculationPolicy._early_on_probe
 # While on: re-measure W = 0 in the current bucket when its estimate has gone
 # stale (aged weight below this) and off is predicted within _REFRESH_CLOSE of
@@ -765,9 +765,9 @@ class SpeculationPolicy:
         A probe lasts `probe_length` steps (`_probe_left` counts the rest).
         Three kinds start one: an off-cost refresh while on (`_off_refresh`),
         an early on probe while off (`_early_on_probe`), and the periodic
-        probe (`_periodic_probe`), once every `self.probe_interval` steps (the configured interval, doubled after each probe up to
-        `probe_backoff` times while the width and the batch-size bucket stay
-        the same).
+        probe (`_periodic_probe`), once every `self.probe_interval` steps (the
+        configured interval, doubled after each probe up to `probe_backoff`
+        times while the width and the batch-size bucket stay the same).
         """
         if self._probe_left > 0:
             self._probe_left -= 1
@@ -903,12 +903,12 @@ class SpeculationPolicy:
         cost kept it off for good. Seen in the serving grid (code c64, a 2-core
         Intel host): the profile put the drafter at bs 16-64 at 80-130 ms (the
         server ran float16, and the profile's head was a strided 3-D matmul;
-        7-27 ms in float32 through the worker's path); W = 7 was predicted at ~9x a plain step where
-        the always-on server measured ~2.9x, the probes would have waited ~800
-        steps, and adaptive decoded plainly through cells where always-on
-        committed ~1.4x off's tokens per second of decode. The W > 0 cells of a
-        bucket share their residual (`CostModel`), so one width measured
-        corrects them all."""
+        7-27 ms in float32 through the worker's path); W = 7 was predicted at
+        ~9x a plain step where the always-on server measured ~2.9x, the probes
+        would have waited ~800 steps, and adaptive decoded plainly through
+        cells where always-on committed ~1.4x off's tokens per second of
+        decode. The W > 0 cells of a bucket share their residual (`CostModel`),
+        so one width measured corrects them all."""
         if self.width != 0 or self.cost is None or self.widths[-1] == 0:
             return None
         early = self._settle_steps()
