@@ -6,6 +6,12 @@ workloads, with real servers and SGLang's own load generator.
     python benchmark/grid.py                 # the full grid (long: hours on a CPU host)
     python benchmark/grid.py --quick         # c in {1, 8, 32}, 1 repeat, few requests (< 10 min on CPU)
     python benchmark/grid.py --tiny --out D  # one cell, plain vs DFLASH on (the integration test)
+    python benchmark/grid.py --from-json D/grid.json  # re-render the report only
+
+The report (grid.json, grid.md, PNG plots) goes to --out (default
+benchmark/results/<mode>/, not tracked); grid_report.py renders it and
+grid_criteria.py judges the adaptive policy's criteria. benchmark/baseline.py
+runs the published baseline through this module.
 
 Each configuration is a real server started with `sglang-dflash serve ...`
 (= `python -m sglang.launch_server ...`; on a host without CUDA the CPU engine
@@ -44,11 +50,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import common  # noqa: E402
-from common import Server, ServerStartError, fmt, fmt_spread, spread  # noqa: E402
+import grid_report  # noqa: E402
+from common import Server, ServerStartError, add_hist, fmt  # noqa: E402
 
-WORKLOADS = ("math", "code", "chat")
-PIPE = "\\|"  # a literal | inside a Markdown table cell
-WORKLOAD_SOURCES = {"math": "GSM8K", "code": "HumanEval", "chat": "MT-Bench"}
+WORKLOADS = tuple(grid_report.WORKLOAD_SOURCES)  # math, code, chat
 
 
 def _policy(mode: str, **knobs) -> dict:
@@ -65,26 +70,10 @@ CONFIGS = {
     "dflash-on": ("our DFLASH worker, policy on (always full block)", "dflash", _policy("on")),
     # Diagnostic: a second, identical always-on server: its ratio to dflash-on
     # is the scatter between two server processes, the yardstick for the
-    # criteria's 5% (benchmark/RESULTS.md, "noise between identical servers").
+    # criteria's 5% (docs/decisions.md, "The noise yardstick").
     "dflash-on-2": ("our DFLASH worker, policy on, a second identical server", "dflash",
                     _policy("on")),
     "dflash-adaptive": ("our DFLASH worker, adaptive policy", "dflash", _policy("adaptive")),
-    # Diagnostic: the adaptive policy's trials as before 2026-12-01 evening (narrow
-    # band for trials of off at every batch, no bias prior across loads); flap
-    # trials (added after grid-eos-trials-wide) are not switched off here.
-    "dflash-adaptive-prev": ("our DFLASH worker, adaptive policy, trial_close_off 0.15, "
-                             "trial_prior off", "dflash",
-                             _policy("adaptive", trial_close_off=0.15, trial_prior=False)),
-    # Diagnostic: the wide band for trials of off at batch >= 16 (the default
-    # from 43273df to this config's addition; trials.py says why it is off).
-    "dflash-adaptive-wide": ("our DFLASH worker, adaptive policy, trial_close_off 1.0", "dflash",
-                             _policy("adaptive", trial_close_off=1.0)),
-    # Ragged verify (truncate.py): the adaptive policy with each request's verified
-    # block cut at the cost model's break-even survival.
-    "dflash-adaptive-ragged": ("our DFLASH worker, adaptive policy, truncate_below auto", "dflash",
-                               _policy("adaptive", truncate_below="auto")),
-    "dflash-on-ragged": ("our DFLASH worker, policy on, truncate_below 0.5", "dflash",
-                         _policy("on", truncate_below=0.5)),
     "dflash-off": ("our DFLASH worker, policy off (zero-speculation control)", "dflash",
                    _policy("off")),
     "ngram": ("SGLang n-gram speculation (--speculative-algorithm NGRAM)", "ngram", {}),
@@ -92,21 +81,19 @@ CONFIGS = {
                         {"SGLANG_DFLASH_UPSTREAM": "1"}),
 }
 CUDA_ONLY = {"upstream-dflash"}
-DIAGNOSTIC = {"plain-sync", "dflash-on-2", "dflash-adaptive-prev", "dflash-adaptive-wide",
-              "dflash-adaptive-ragged", "dflash-on-ragged"}  # not in the full preset
+DIAGNOSTIC = {"plain-sync", "dflash-on-2"}  # not in the full preset
 
 PRESETS = {
-    "full": dict(configs=[c for c in CONFIGS if c not in DIAGNOSTIC], workloads=list(WORKLOADS), concurrency=[1, 4, 8, 16, 32, 64],
-                 repeats=3, max_new_tokens=128, min_requests=16, requests_per_slot=2,
-                 warmup_requests=8, section="grid"),
+    "full": dict(configs=[c for c in CONFIGS if c not in DIAGNOSTIC], workloads=list(WORKLOADS),
+                 concurrency=[1, 4, 8, 16, 32, 64], repeats=3, max_new_tokens=128, min_requests=16, requests_per_slot=2,
+                 warmup_requests=8),
     # Plain, ours always on, and SGLang's n-gram peer; upstream-dflash only costs a
     # start-up attempt where it cannot run (its state is still reported).
     "quick": dict(configs=["plain", "dflash-on", "ngram", "upstream-dflash"],
                   workloads=list(WORKLOADS), concurrency=[1, 8, 32], repeats=1, max_new_tokens=32,
-                  min_requests=2, requests_per_slot=1, warmup_requests=1, section="grid-quick"),
+                  min_requests=2, requests_per_slot=1, warmup_requests=1),
     "tiny": dict(configs=["plain", "dflash-on"], workloads=["math"], concurrency=[4], repeats=1,
-                 max_new_tokens=32, min_requests=8, requests_per_slot=1, warmup_requests=2,
-                 section=None),
+                 max_new_tokens=32, min_requests=8, requests_per_slot=1, warmup_requests=2),
 }
 
 
@@ -175,7 +162,7 @@ def prompt_sets(target: str, workloads, max_new_tokens: int, block_size: int) ->
     their token lengths, and how many were left out for not fitting."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from sglang_dflash.prompts import load_prompts
+    from sglang_dflash.tools.prompts import load_prompts
 
     tok = AutoTokenizer.from_pretrained(target)
     context = int(getattr(AutoConfig.from_pretrained(target), "max_position_embeddings", 1 << 30))
@@ -386,13 +373,6 @@ def per_request(outputs) -> list[dict]:
     return rows
 
 
-def add_hist(acc: list[int], hist: list[int]) -> None:
-    """acc += hist, elementwise, growing acc as needed."""
-    acc += [0] * (len(hist) - len(acc))
-    for k, v in enumerate(hist):
-        acc[k] += v
-
-
 def summarise_requests(rows: list[dict]) -> dict:
     ok = [r for r in rows if r["ok"]]
     hist: list[int] = []
@@ -508,10 +488,9 @@ def run_grid(opts, bench: BenchServing, prompt_files, log_dir, on_cuda) -> tuple
             # With --restart-each-rep every repetition gets fresh server
             # processes. Why: should a process have a speed of its own, one
             # launch per grid makes it a bias of every repetition's ratio; fresh
-            # processes make it scatter that the median over repetitions sees.
-            # Two identical always-on servers differed by a median 9% over 5
-            # repetitions of one launch (benchmark/RESULTS.md, "noise between
-            # identical servers"; other launches gave 0.90-1.15).
+            # processes make it scatter that the median over repetitions sees
+            # (two identical servers of one launch can differ by 10% and more:
+            # docs/decisions.md, "The noise yardstick").
             launches = [[r] for r in range(opts.repeats)] if opts.restart_each_rep \
                 else [list(range(opts.repeats))]
             for reps in launches:
@@ -553,305 +532,6 @@ def _merge_status(statuses: dict, launch: dict) -> None:
         if prev is None or (rec.get("state") != "ok" and prev.get("state") == "ok"):
             statuses[name] = dict(rec)
         statuses[name]["startup_s_each"] = times
-
-
-METRICS = ("output_throughput", "median_tpot_ms", "p90_tpot_ms", "p99_tpot_ms", "median_ttft_ms",
-           "p90_ttft_ms", "p99_ttft_ms", "acceptance_length", "acceptance_length_per_request",
-           "spec_on_ratio", "peak_rss_mib", "sampled_max_rss_mib")
-
-
-def summarise(cells: list[dict], opts) -> list[dict]:
-    ok = [c for c in cells if "error" not in c and c.get("completed")]
-    by_key = {(c["workload"], c["concurrency"], c["config"], c["rep"]): c for c in ok}
-    rows = []
-    for w in opts.workloads:
-        for conc in opts.concurrency:
-            for name in opts.configs:
-                reps = [by_key.get((w, conc, name, r)) for r in range(opts.repeats)]
-                reps = [c for c in reps if c]
-                if not reps:
-                    continue
-                row = {"workload": w, "concurrency": conc, "config": name, "repeats": len(reps)}
-                for m in METRICS:
-                    row[m] = spread(c.get(m) for c in reps)
-                thr_ratio, tpot_ratio = [], []
-                for c in reps:
-                    base = by_key.get((w, conc, "plain", c["rep"]))
-                    if base and base["output_throughput"]:
-                        thr_ratio.append(c["output_throughput"] / base["output_throughput"])
-                    if base and c.get("median_tpot_ms"):
-                        tpot_ratio.append(base["median_tpot_ms"] / c["median_tpot_ms"])
-                row["speedup_throughput"] = spread(thr_ratio)
-                row["speedup_tpot"] = spread(tpot_ratio)
-                hist: list[int] = []
-                for c in reps:
-                    add_hist(hist, c.get("accept_hist") or [])
-                row["accept_hist"] = hist
-                rows.append(row)
-    return rows
-
-
-# ---------------------------------------------------------------------------
-# Reports
-# ---------------------------------------------------------------------------
-
-
-def _save_figure(plt, fig, out_dir: str, name: str) -> str:
-    fig.tight_layout()
-    path = os.path.join(out_dir, name)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def plot(summary: list[dict], opts, out_dir: str) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    files = []
-    for w in opts.workloads:
-        rows = [r for r in summary if r["workload"] == w]
-        if not rows:
-            continue
-        for metric, ylabel, stem in (
-                ("speedup_throughput", "output tokens/s relative to plain decoding", "speedup"),
-                ("output_throughput", "output tokens/s", "throughput")):
-            fig, ax = plt.subplots(figsize=(6.4, 4.2))
-            for name in opts.configs:
-                pts = [r for r in rows if r["config"] == name and r[metric]]
-                if not pts or (metric == "speedup_throughput" and name == "plain"):
-                    continue
-                xs = [r["concurrency"] for r in pts]
-                med = [r[metric]["median"] for r in pts]
-                lo = [r[metric]["median"] - r[metric]["min"] for r in pts]
-                hi = [r[metric]["max"] - r[metric]["median"] for r in pts]
-                ax.errorbar(xs, med, yerr=[lo, hi], marker="o", capsize=3, label=name)
-            if metric == "speedup_throughput":
-                ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="plain = 1")
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(opts.concurrency, [str(c) for c in opts.concurrency])
-            ax.set_xlabel("concurrency")
-            ax.set_ylabel(ylabel)
-            ax.set_title(f"{w} ({WORKLOAD_SOURCES[w]}): median, bars min-max over repeats")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-            files.append(_save_figure(plt, fig, out_dir, f"{stem}_{w}.png"))
-        # Acceptance-length histogram from the per-request histograms, pooled over
-        # every cell of the workload (all concurrencies and repeats).
-        pooled: dict[str, list[int]] = {}
-        for r in rows:
-            if sum(r["accept_hist"]):
-                add_hist(pooled.setdefault(r["config"], []), r["accept_hist"])
-        if pooled:
-            fig, ax = plt.subplots(figsize=(6.4, 4.2))
-            width = 0.8 / len(pooled)
-            for i, (name, h) in enumerate(pooled.items()):
-                total = sum(h)
-                xs = [k + 1 + (i - (len(pooled) - 1) / 2) * width for k in range(len(h))]
-                al = sum((k + 1) * v for k, v in enumerate(h)) / total
-                ax.bar(xs, [v / total for v in h], width=width, label=f"{name} (mean {al:.2f})")
-            ax.set_xlabel("acceptance length per verify step (accepted drafts + bonus)")
-            ax.set_ylabel("fraction of verify steps")
-            ax.set_title(f"{w} ({WORKLOAD_SOURCES[w]}): acceptance length, all cells")
-            ax.grid(alpha=0.3, axis="y")
-            ax.legend(fontsize=8)
-            files.append(_save_figure(plt, fig, out_dir, f"accept_hist_{w}.png"))
-    return files
-
-
-def _load(meta: dict, when: str) -> str:
-    values = (meta.get("load_average") or {}).get(when)
-    return "/".join(f"{x:.1f}" for x in values) if values else "n/a"
-
-
-def _pooled_note(meta: dict) -> list[str]:
-    """For a report of benchmark/pool_grids.py, the runs it pooled (in place of
-    the date line of one run); [] for a run's own report."""
-    runs = meta.get("pooled_from")
-    if not runs:
-        return []
-    lines = [f"* Pooled on {meta['date']} from {len(runs)} runs of the same grid (wall time "
-             f"{meta['wall_s'] / 60:.1f} min in all; repetitions renumbered in this order, ratios stay "
-             "within a repetition; dates and load averages in each run's own section):"]
-    for i, r in enumerate(runs, 1):
-        lines.append(f"  {i}. `{r['command']}` ({r['date']}, git {r['git_commit']}, "
-                     f"{r['repeats']} repetition(s)" + (f", section {r['section']}" if r.get("section") else "")
-                     + ")")
-    return lines
-
-
-def markdown(report: dict, summary: list[dict], plots: list[str], img_prefix: str) -> str:
-    meta, opts = report["meta"], report["meta"]["settings"]
-    m, v = meta["machine"], meta["versions"]
-    lines = [
-        f"## Serving grid ({meta.get('section') or meta['mode']})",
-        "",
-        "Command (run from the repository root):",
-        "",
-        "```bash",
-        meta["command"],
-        "```",
-        "",
-        *(_pooled_note(meta) or [
-            f"* Date: {meta['date']}; wall time {meta['wall_s'] / 60:.1f} min; load average (1/5/15 min) "
-            f"before {_load(meta, 'before')}, after {_load(meta, 'after')} (other work shares the host "
-            "when these exceed the CPU count)."]),
-        f"* Machine: {m['nproc']} CPUs (`nproc`), {m['cpu_model']}, {m['ram_gib']} GiB RAM"
-        + (f", GPU {', '.join(m['gpu'])}" if m.get("gpu") else ", no GPU (SGLang CPU engine)") + ".",
-        f"* Versions: sglang {v['sglang']}, torch {v['torch']}, transformers {v['transformers']}, "
-        f"sglang-dflash {v['sglang-dflash']} (git {v['git_commit']}{', dirty' if v['git_dirty'] else ''}).",
-        f"* Models: target `{common.repo_relative(opts['target'])}`, "
-        f"drafter `{common.repo_relative(opts['drafter'])}`.",
-        f"* Load: `sglang.bench_serving` (backend `sglang`, dataset `custom` = bundled prompts with the "
-        f"target's chat template, streaming), temperature {opts['temperature']}, "
-        f"{opts['max_new_tokens']} new tokens per request ({'EOS allowed' if opts['allow_eos'] else 'ignore_eos'}), "
-        f"requests per cell = max({opts['min_requests']}, {opts['requests_per_slot']} x concurrency)"
-        + (f" (fixed {opts['requests']})" if opts["requests"] else "")
-        + f", {opts['repeats']} repeat(s), warm-up of min(c, {opts['warmup_requests']}) 8-token requests per cell "
-        f"(not measured), prefix cache flushed before each measured run; schedule `{opts['schedule']}`"
-        + (", fresh server processes for every repetition" if opts.get("restart_each_rep") else "") + "."
-        + _excluded_note(opts),
-        f"* Servers: `--max-running-requests {opts['max_running_requests']} --max-total-tokens "
-        f"{opts['max_total_tokens']} --sleep-on-idle` (+ CPU defaults of `sglang-dflash serve` on a host "
-        f"without CUDA).",
-        "* Cells: median over repeats, [min-max] when repeats > 1. Speedups are taken within a "
-        "repetition against plain decoding at the same workload and concurrency: throughput = "
-        "output tok/s ratio, TPOT = plain median TPOT / config median TPOT. AL = acceptance length "
-        "(accepted drafts + bonus per verify step), pooled over the cell's verify steps from the "
-        "per-request `spec_correct_drafts_histogram`. On = fraction of the server's decode steps "
-        "that speculated (delta of `/server_info` dflash counters over the cell). Peak RSS = "
-        "VmHWM summed over the server's process tree, reset before each cell (shared pages count "
-        "once per process).",
-        "",
-        "### Configurations",
-        "",
-        "| config | what | state | start-up s | server command |",
-        "|---|---|---|---|---|",
-    ]
-    for name, st in report["configs"].items():
-        state = st.get("state", "?")
-        if st.get("reason"):
-            state += ": " + st["reason"].replace("|", PIPE)
-        if st.get("note"):
-            state += f" ({st['note']})"
-        command = common.repo_relative(st["command"]).replace("|", PIPE)
-        lines.append(f"| {name} | {st['description']} | {state} | {fmt(st.get('startup_s'), 0)} | "
-                     f"`{command}` |")
-    errors = [c for c in report["cells"] if "error" in c]
-    if errors:
-        lines += ["", f"{len(errors)} cell(s) failed:", ""]
-        lines += [f"* {c['config']}/{c['workload']}/c{c['concurrency']}/rep{c['rep']}: "
-                  f"{c['error'][:200]}" for c in errors]
-    for w in opts["workloads"]:
-        rows = [r for r in summary if r["workload"] == w]
-        if not rows:
-            continue
-        lines += ["", f"### {w} ({WORKLOAD_SOURCES[w]})", "",
-                  "| c | config | out tok/s | speedup (tok/s) | speedup (TPOT) | TPOT ms p50 / p90 / p99 "
-                  "| TTFT ms p50 / p90 / p99 | AL | on | peak RSS MiB |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in rows:
-            tpot = " / ".join(fmt(r[k] and r[k]["median"], 1) for k in (
-                "median_tpot_ms", "p90_tpot_ms", "p99_tpot_ms"))
-            ttft = " / ".join(fmt(r[k] and r[k]["median"], 0) for k in (
-                "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms"))
-            speed = "1 (baseline)" if r["config"] == "plain" else fmt_spread(r["speedup_throughput"])
-            tspeed = "1 (baseline)" if r["config"] == "plain" else fmt_spread(r["speedup_tpot"])
-            lines.append(
-                f"| {r['concurrency']} | {r['config']} | {fmt_spread(r['output_throughput'], 1)} | "
-                f"{speed} | {tspeed} | {tpot} | {ttft} | {fmt_spread(r['acceptance_length'])} | "
-                f"{fmt_spread(r['spec_on_ratio'])} | {fmt(r['peak_rss_mib'] and r['peak_rss_mib']['median'], 0)} |")
-        imgs = [p for p in plots if os.path.basename(p).endswith(f"_{w}.png")]
-        if imgs:
-            lines.append("")
-            lines += [f"![{os.path.basename(p)}]({img_prefix}{os.path.basename(p)})" for p in imgs]
-    lines += adaptive_criteria_md(report)
-    return "\n".join(lines) + "\n"
-
-
-# Concurrency-aware speculation, what must hold in every cell (medians of
-# per-repetition ratios): adaptive >= 0.97 x plain; adaptive >= 0.95 x the
-# better of always-on and off; at concurrency 1, adaptive >= 0.95 x always-on.
-CRITERIA = {"vs_plain": 0.97, "vs_best_fixed": 0.95, "vs_on_at_c1": 0.95}
-
-
-def adaptive_criteria(cells: list[dict], adaptive: str = "dflash-adaptive") -> list[dict]:
-    """Per (workload, concurrency): the adaptive policy's throughput ratios
-    against plain, the better of on/off, and on, each the median over
-    repetitions of the ratio within a repetition; and, not criteria, the
-    off server's ratio against plain (both decode plainly: its spread is the
-    noise the criteria are judged in) and, with `dflash-on-2` in the run,
-    its ratio against `dflash-on` (two identical servers: the same noise,
-    measured where speculation runs)."""
-    ok = {(c["workload"], c["concurrency"], c["config"], c["rep"]): c["output_throughput"]
-          for c in cells if "error" not in c and c.get("completed") and c.get("output_throughput")}
-    keys = sorted({(w, conc, rep) for (w, conc, name, rep) in ok if name == adaptive})
-    ratios: dict = {}
-    for w, conc, rep in keys:
-        ad = ok[(w, conc, adaptive, rep)]
-        on, off, plain, on2 = (ok.get((w, conc, n, rep))
-                               for n in ("dflash-on", "dflash-off", "plain", "dflash-on-2"))
-        entry = ratios.setdefault((w, conc), {"vs_plain": [], "vs_best_fixed": [], "vs_on": [],
-                                              "off_vs_plain": [], "on2_vs_on": []})
-        if on and on2:
-            entry["on2_vs_on"].append(on2 / on)
-        if plain:
-            entry["vs_plain"].append(ad / plain)
-            if off:  # the zero-speculation control: host noise plus the off path's cost
-                entry["off_vs_plain"].append(off / plain)
-        if on and off:
-            entry["vs_best_fixed"].append(ad / max(on, off))
-        if on:
-            entry["vs_on"].append(ad / on)
-    rows = []
-    for (w, conc), entry in ratios.items():
-        row = {"workload": w, "concurrency": conc}
-        for k, values in entry.items():
-            row[k] = spread(values)
-        med = {k: (row[k] or {}).get("median") for k in entry}
-        checks = [med["vs_plain"] is None or med["vs_plain"] >= CRITERIA["vs_plain"],
-                  med["vs_best_fixed"] is None or med["vs_best_fixed"] >= CRITERIA["vs_best_fixed"]]
-        if conc == 1:
-            checks.append(med["vs_on"] is None or med["vs_on"] >= CRITERIA["vs_on_at_c1"])
-        row["pass"] = all(checks)
-        rows.append(row)
-    return rows
-
-
-def adaptive_criteria_md(report: dict) -> list[str]:
-    """One criteria table per adaptive configuration in the run (the default
-    policy and its diagnostic variants)."""
-    names = sorted({c["config"] for c in report["cells"]
-                    if c["config"].startswith("dflash-adaptive")})
-    return [line for name in names for line in _criteria_table(report["cells"], name)]
-
-
-def _criteria_table(cells: list[dict], adaptive: str) -> list[str]:
-    rows = adaptive_criteria(cells, adaptive)
-    if not rows:
-        return []
-    passed = sum(r["pass"] for r in rows)
-    twin = any(r["on2_vs_on"] for r in rows)  # dflash-on-2 in the run
-    lines = ["", f"### `{adaptive}` against the adaptive policy's criteria", "",
-             f"Throughput ratios of `{adaptive}`, median [min-max] over repetitions of the ratio "
-             f"within a repetition. Criteria: >= {CRITERIA['vs_plain']} x plain in every cell; "
-             f">= {CRITERIA['vs_best_fixed']} x the better of `dflash-on` and `dflash-off`; at "
-             f"concurrency 1, >= {CRITERIA['vs_on_at_c1']} x `dflash-on`. "
-             f"**{passed} of {len(rows)} cells pass.** Control, not a criterion: `off vs plain`, "
-             f"`dflash-off` (plain decoding through our worker) against plain in the same "
-             f"repetition; its spread is the host's noise plus the off path's cost"
-             + (", and `on-2 vs on`, two identical always-on servers" if twin else "") + ".", "",
-             "| workload | c | vs plain | vs max(on, off) | vs on | pass | off vs plain |"
-             + (" on-2 vs on |" if twin else ""),
-             "|---|---|---|---|---|---|---|" + ("---|" if twin else "")]
-    for r in rows:
-        lines.append(f"| {r['workload']} | {r['concurrency']} | {fmt_spread(r['vs_plain'])} | "
-                     f"{fmt_spread(r['vs_best_fixed'])} | {fmt_spread(r['vs_on'])} | "
-                     f"{'yes' if r['pass'] else '**no**'} | {fmt_spread(r['off_vs_plain'])} |"
-                     + (f" {fmt_spread(r['on2_vs_on'])} |" if twin else ""))
-    return lines
 
 
 # ---------------------------------------------------------------------------
@@ -899,13 +579,9 @@ def parse_args(argv=None):
     p.add_argument("--start-timeout", type=float, default=600)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="output dir (default benchmark/results/<mode>)")
-    p.add_argument("--results-md", help="Markdown file whose section to update (default: "
-                   "benchmark/RESULTS.md for the full and quick grids with the default --out)")
-    p.add_argument("--section", help="RESULTS.md section (and heading) to write; default: the mode's "
-                   "(grid, grid-quick). Give one for a partial grid so the full grid's stays")
     p.add_argument("--keep-logs", action="store_true", help="keep server / bench_serving logs in OUT/logs")
-    p.add_argument("--from-json", help="only re-render the reports (tables, plots, RESULTS.md section) "
-                   "from an existing grid.json; runs nothing")
+    p.add_argument("--from-json", help="only re-render the report (grid.md, plots) from an existing "
+                   "grid.json, into --out or the JSON's directory; runs nothing")
     opts = p.parse_args(argv)
     opts.out_given = opts.out
     opts.mode = "quick" if opts.quick else "tiny" if opts.tiny else "full"
@@ -922,11 +598,7 @@ def parse_args(argv=None):
         p.error(f"unknown config/workload {unknown}")
     if "plain" in opts.configs:  # the baseline is measured first in each cell's rotation base
         opts.configs = ["plain"] + [c for c in opts.configs if c != "plain"]
-    default_out = os.path.join(common.RESULTS_DIR, opts.mode)
-    if opts.results_md is None and not opts.out and not opts.from_json and preset["section"]:
-        opts.results_md = common.RESULTS_MD
-    opts.section = opts.section or preset["section"] or f"grid-{opts.mode}"
-    opts.out = os.path.abspath(opts.out or default_out)
+    opts.out = os.path.abspath(opts.out or os.path.join(common.RESULTS_DIR, opts.mode))
     if not opts.target or not opts.drafter:
         from sglang_dflash.demo import demo_pair
 
@@ -939,36 +611,46 @@ def parse_args(argv=None):
     return opts
 
 
-def _exit_on_sigterm(signum, frame):
+def exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)  # unwinds through the finally that stops the servers
 
 
-def main(argv=None) -> int:
-    t_start = time.monotonic()
-    opts = parse_args(argv)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+def require_matplotlib() -> None:
     try:  # fail before minutes of serving, not after
         import matplotlib  # noqa: F401
     except ImportError:
         sys.exit("grid.py needs matplotlib for its plots: pip install matplotlib (or -e '.[bench]')")
 
-    if opts.from_json:
-        with open(opts.from_json) as f:
-            report = json.load(f)
-        out = os.path.abspath(opts.out_given or os.path.dirname(os.path.abspath(opts.from_json)))
-        mode = report["meta"]["mode"]
-        section = (opts.section or report["meta"].get("section")
-                   or (PRESETS.get(mode) or {}).get("section") or f"grid-{mode}")
-        render(report, out, opts.results_md, section)
-        return 0
-    on_cuda = common.cuda_available()
-    os.makedirs(opts.out, exist_ok=True)
-    sets = prompt_sets(opts.target, opts.workloads, opts.max_new_tokens, opts.block_size or 16)
+
+def _fill_max_total_tokens(opts, sets: dict) -> None:
+    """Default KV budget: max-running-requests x (longest prompt + new tokens + 2 blocks), +25%."""
     if opts.max_total_tokens is None:
         longest = max(entry["longest"] for entry in sets.values())
         per_req = longest + opts.max_new_tokens + 2 * (opts.block_size or 16)
         opts.max_total_tokens = max(
             16384, math.ceil(opts.max_running_requests * per_req * 1.25 / 1024) * 1024)
+
+
+def _settings(opts, prompt_files: dict) -> dict:
+    """The run's settings as the report records them (what pool_grids.py compares)."""
+    settings = {k: getattr(opts, k) for k in (
+        "configs", "workloads", "concurrency", "repeats", "max_new_tokens", "requests", "min_requests",
+        "requests_per_slot", "warmup_requests", "temperature", "top_p", "allow_eos", "block_size",
+        "max_running_requests", "max_total_tokens", "server_args", "schedule", "restart_each_rep",
+        "seed", "target", "drafter")}
+    settings["unique_prompts"] = {w: f["unique_prompts"] for w, f in prompt_files.items()}
+    settings["excluded_prompts"] = {w: f["excluded_prompts"] for w, f in prompt_files.items()}
+    return settings
+
+
+def run(opts, command: str) -> dict:
+    """Start the servers, measure every cell, write the report into opts.out;
+    returns the report (grid.json's content)."""
+    t_start = time.monotonic()
+    on_cuda = common.cuda_available()
+    os.makedirs(opts.out, exist_ok=True)
+    sets = prompt_sets(opts.target, opts.workloads, opts.max_new_tokens, opts.block_size or 16)
+    _fill_max_total_tokens(opts, sets)
     load_before = os.getloadavg()
     log_ctx = (contextlib.nullcontext(os.path.join(opts.out, "logs")) if opts.keep_logs
                else tempfile.TemporaryDirectory(prefix="grid-logs-"))
@@ -981,28 +663,16 @@ def main(argv=None) -> int:
               f"concurrency {opts.concurrency}, repeats {opts.repeats}; logs in {log_dir}", flush=True)
         cells, statuses = run_grid(opts, bench, prompt_files, log_dir, on_cuda)
         bench_lines = _compact_jsonl(os.path.join(log_dir, "bench_serving.jsonl"))
-    settings = {k: getattr(opts, k) for k in (
-        "configs", "workloads", "concurrency", "repeats", "max_new_tokens", "requests", "min_requests",
-        "requests_per_slot", "warmup_requests", "temperature", "top_p", "allow_eos", "block_size",
-        "max_running_requests", "max_total_tokens", "server_args", "schedule", "restart_each_rep", "seed", "target",
-        "drafter")}
-    settings["unique_prompts"] = {w: f["unique_prompts"] for w, f in prompt_files.items()}
-    settings["excluded_prompts"] = {w: f["excluded_prompts"] for w, f in prompt_files.items()}
-    command = [os.path.relpath(os.path.abspath(sys.argv[0]), common.REPO)] if argv is None else [
-        "benchmark/grid.py"]
     report = {
         "meta": {
             "mode": opts.mode,
-            # A non-default section names a partial grid (its heading too).
-            "section": None if opts.section == (PRESETS[opts.mode]["section"] or f"grid-{opts.mode}")
-            else opts.section,
-            "command": "python " + shlex.join(command + (sys.argv[1:] if argv is None else list(argv))),
+            "command": command,
             "date": common.now_iso(),
             "machine": common.machine_info(),
             "load_average": {"before": [round(x, 2) for x in load_before],
                              "after": [round(x, 2) for x in os.getloadavg()]},
             "versions": common.versions(),
-            "settings": settings,
+            "settings": _settings(opts, prompt_files),
             "wall_s": time.monotonic() - t_start,
         },
         "configs": statuses,
@@ -1010,36 +680,28 @@ def main(argv=None) -> int:
         "cells": cells,
         "bench_serving_results": bench_lines,
     }
-    render(report, opts.out, opts.results_md, opts.section)
-    failed = [c for c in cells if "error" in c]
-    return 1 if not cells or len(failed) == len(cells) else 0
+    grid_report.render(report, opts.out)
+    return report
 
 
-def _excluded_note(opts: dict) -> str:
-    excluded = {w: n for w, n in (opts.get("excluded_prompts") or {}).items() if n}
-    if not excluded:
-        return ""
-    parts = ", ".join(f"{w} {n} of {n + opts['unique_prompts'][w]}" for w, n in excluded.items())
-    return f" Prompts too long for the target's context with the new tokens were left out ({parts})."
+def succeeded(report: dict) -> bool:
+    """At least one cell ran without an error."""
+    cells = report["cells"]
+    return any("error" not in c for c in cells)
 
 
-def render(report: dict, out: str, results_md: str | None, section: str) -> None:
-    """Summary, plots, grid.json and grid.md in `out`; the section of results_md."""
-    os.makedirs(out, exist_ok=True)
-    settings = argparse.Namespace(**report["meta"]["settings"])
-    summary = summarise(report["cells"], settings)
-    report["summary"] = summary
-    plots = plot(summary, settings, out)
-    report["plots"] = [os.path.basename(p) for p in plots]
-    common.write_json(os.path.join(out, "grid.json"), report, compact=True)
-    with open(os.path.join(out, "grid.md"), "w") as f:
-        f.write(markdown(report, summary, plots, img_prefix=""))
-    if results_md:
-        rel = os.path.relpath(out, os.path.dirname(os.path.abspath(results_md)))
-        common.update_section(results_md, section, markdown(report, summary, plots, img_prefix=rel + "/"))
-    print(f"[grid] wrote {out}/grid.json, grid.md and {len(plots)} plot(s)"
-          + (f"; updated {results_md} [{section}]" if results_md else "")
-          + f"; run took {report['meta']['wall_s'] / 60:.1f} min", flush=True)
+def main(argv=None) -> int:
+    opts = parse_args(argv)
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
+    require_matplotlib()
+    if opts.from_json:
+        with open(opts.from_json) as f:
+            report = json.load(f)
+        out = os.path.abspath(opts.out_given or os.path.dirname(os.path.abspath(opts.from_json)))
+        grid_report.render(report, out)
+        return 0
+    report = run(opts, common.command_line("benchmark/grid.py", argv))
+    return 0 if succeeded(report) else 1
 
 
 def _compact_jsonl(path: str) -> list[dict]:

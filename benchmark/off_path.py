@@ -31,7 +31,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from common import fmt, fmt_spread, machine_info, now_iso, spread, update_section, versions  # noqa: E402
+from common import fmt, fmt_spread, machine_info, now_iso, spread, versions  # noqa: E402
 from sglang_dflash.cli import CPU_ENGINE_DEFAULTS  # noqa: E402
 
 ENGINE = {**CPU_ENGINE_DEFAULTS, "dtype": "float32", "max_total_tokens": 32768, "log_level": "warning",
@@ -117,9 +117,7 @@ def main(argv=None) -> int:
                    help="comma list from plain, off, on (plain is the baseline, always measured first)")
     p.add_argument("--omp-threads", type=int, default=0,
                    help="OMP_NUM_THREADS for both engines (0: torch's default, all cores)")
-    p.add_argument("--out", default=None, help="JSON results path")
-    p.add_argument("--results-md", default=None)
-    p.add_argument("--section", default="off-path")
+    p.add_argument("--out", default=None, help="JSON results path (the table also goes beside it, .md)")
     opts = p.parse_args(argv)
     if opts.engine:
         _engine_main(*opts.engine)
@@ -149,17 +147,23 @@ def main(argv=None) -> int:
     print(_table(rows, configs))
     if opts.out:
         os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
-        json.dump(result, open(opts.out, "w"), indent=1)
-    if opts.results_md:
-        cmd = "python benchmark/off_path.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        update_section(opts.results_md, opts.section,
-                       f"## Off path against plain decoding ({opts.section})\n\nCommand:\n\n```bash\n{cmd}\n```\n\n"
-                       f"{result['when']}, {machine_info().get('cpu_model')}, {machine_info().get('nproc')} cores; "
-                       f"{opts.new_tokens} new tokens per request, prompts: "
-                       f"{'short questions' if opts.prompt_words == 0 else f'up to {opts.prompt_words} words'}; "
-                       f"torch threads: {opts.omp_threads or 'default (all cores)'}.\n\n"
-                       + _table(rows, configs) + "\n")
+        with open(opts.out, "w") as f:
+            json.dump(result, f, indent=1)
+        with open(os.path.splitext(opts.out)[0] + ".md", "w") as f:
+            f.write(_markdown(result, rows, configs, opts, argv))
     return 0
+
+
+def _markdown(result: dict, rows: list, configs: list, opts, argv) -> str:
+    """The table with the command and the host it was measured on."""
+    cmd = "python benchmark/off_path.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    machine = result["machine"]
+    return (f"## Off path against plain decoding\n\nCommand:\n\n```bash\n{cmd}\n```\n\n"
+            f"{result['when']}, {machine.get('cpu_model')}, {machine.get('nproc')} cores; "
+            f"{opts.new_tokens} new tokens per request, prompts: "
+            f"{'short questions' if opts.prompt_words == 0 else f'up to {opts.prompt_words} words'}; "
+            f"torch threads: {opts.omp_threads or 'default (all cores)'}.\n\n"
+            + _table(rows, configs) + "\n")
 
 
 if __name__ == "__main__":

@@ -5,16 +5,14 @@ Two runs of one grid command (same configs, workloads, concurrency and load
 settings, same kind of host) are samples of the same cells; pooled, a cell's
 median is taken over all their repetitions, which the 5% criteria need on a
 host where two identical servers differ by up to 10-20% in one repetition
-(benchmark/RESULTS.md, the `on-2 vs on` control). Ratios stay within a
-repetition: each run's repetitions are renumbered after the previous run's, so
-no repetition of one run is paired with one of another.
+(docs/decisions.md, "The noise yardstick"). Ratios stay within a repetition:
+each run's repetitions are renumbered after the previous run's, so no
+repetition of one run is paired with one of another.
 
-The sources are named in the report (command, date, commit, repetitions), and
-each run's own section stays where it is: a pooled table adds a view, it does
-not replace the runs.
+The sources are named in the report (command, date, commit, repetitions); each
+run's own report stays where it is.
 
-    python benchmark/pool_grids.py benchmark/results/s24/grid.json benchmark/results/s25/grid.json \\
-        --out benchmark/results/s24-s25 --section grid-eos-s24-s25 --results-md benchmark/RESULTS.md
+    python benchmark/pool_grids.py RUN_A/grid.json RUN_B/grid.json --out POOLED_DIR
 """
 
 from __future__ import annotations
@@ -22,11 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import sys
 
 import common
-import grid
+import grid_report
 
 # The one setting pooled runs may differ in: their repetitions (summed).
 _FREE = {"repeats"}
@@ -63,8 +60,7 @@ def pool(reports: list[dict]) -> dict:
     settings = dict(first["settings"], repeats=offset)
     sources = [{"command": r["meta"]["command"], "date": r["meta"]["date"],
                 "git_commit": r["meta"]["versions"]["git_commit"],
-                "repeats": r["meta"]["settings"]["repeats"],
-                "section": r["meta"].get("section")} for r in reports]
+                "repeats": r["meta"]["settings"]["repeats"]} for r in reports]
     commits = list(dict.fromkeys(r["meta"]["versions"]["git_commit"] for r in reports))
     versions = dict(first["versions"], git_commit=" + ".join(commits),
                     git_dirty=any(r["meta"]["versions"]["git_dirty"] for r in reports))
@@ -78,18 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("reports", nargs="+", help="grid.json files of runs of the same grid")
     p.add_argument("--out", required=True, help="output dir (grid.json, grid.md, plots)")
-    p.add_argument("--section", required=True, help="RESULTS.md section (and heading) to write")
-    p.add_argument("--results-md", help="Markdown file whose section to update")
     opts = p.parse_args(argv)
     reports = []
     for path in opts.reports:
         with open(path) as f:
             reports.append(json.load(f))
     report = pool(reports)
-    args = sys.argv[1:] if argv is None else list(argv)
-    report["meta"]["command"] = "python " + shlex.join(["benchmark/pool_grids.py"] + args)
-    report["meta"]["section"] = opts.section
-    grid.render(report, os.path.abspath(opts.out), opts.results_md, opts.section)
+    report["meta"]["command"] = common.command_line("benchmark/pool_grids.py", argv)
+    grid_report.render(report, os.path.abspath(opts.out))
     return 0
 
 

@@ -5,12 +5,12 @@
     python benchmark/step_analysis.py --target T --drafter D --prompts 32 --max-new-tokens 256
     python benchmark/step_analysis.py --tiny --out /tmp/steps.json # a few prompts (the unit test)
 
-A reference greedy speculative loop in plain torch: the HF transformers target,
-our drafter (`sglang_dflash.model.DFlashDrafter`, loaded by
+The reference greedy speculative loop in plain torch (`sglang_dflash.reference`):
+the HF transformers target, our drafter (loaded by
 `sglang_dflash.checkpoint.load_drafter`), the drafts of the served worker (v1:
-argmax of the target head, `propose_argmax`; DFlash 2: the selector's greedy
-walk, `propose_selector`) and greedy verification by one target forward over
-[context, anchor, drafts]. Because greedy verification is lossless, the
+argmax of the target head; DFlash 2: the selector's greedy walk) and greedy
+verification by one target forward over [context, anchor, drafts]. Because
+greedy verification is lossless, the
 committed sequence is the target's own greedy continuation; every block is
 therefore also scored counterfactually against it:
 
@@ -29,15 +29,14 @@ therefore also scored counterfactually against it:
   and the context update against one target verify forward of B tokens over a
   KV cache (HF target), i.e. the draft overhead as a fraction of a verify.
 
-Writes JSON (--out) and prints a short table. With the default --out it also
-updates the `steps` section of benchmark/RESULTS.md.
+Writes JSON (--out, default benchmark/results/step_analysis.json, not
+tracked), the same report as Markdown beside it (.md), and prints a short table.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -77,7 +76,7 @@ def load_pair(target_dir: str, drafter_dir: str, device: str, dtype):
 
 
 def chat_prompts(tok, workloads, per_workload: int) -> list[tuple[str, list[int]]]:
-    from sglang_dflash.prompts import load_prompts
+    from sglang_dflash.tools.prompts import load_prompts
 
     out = []
     for w in workloads:
@@ -86,32 +85,6 @@ def chat_prompts(tok, workloads, per_workload: int) -> list[tuple[str, list[int]
                                            add_generation_prompt=True)
             out.append((w, tok.encode(text, add_special_tokens=False)))
     return out
-
-
-# ---------------------------------------------------------------------------
-# One draft step (the served math, batch of one)
-# ---------------------------------------------------------------------------
-
-
-def draft_hidden(drafter, target, ctx_feats, anchor: int, mask_id: int):
-    """Drafter hidden states at block slots 1..B-1 for [anchor, MASK x (B-1)].
-
-    ctx_feats: [L, n*H] target features of the committed tokens before the
-    anchor (positions 0..L-1); the anchor sits at position L. Same computation
-    as `sglang_dflash.model.reference_draft_step`, with the features given.
-    """
-    import torch
-
-    cfg = drafter.cfg
-    L, dev = ctx_feats.shape[0], ctx_feats.device
-    positions = torch.arange(L + cfg.block_size, device=dev)
-    ctx_k, ctx_v = drafter.context_kv(drafter.context_features(ctx_feats), positions[:L])
-    block = torch.full((1, cfg.block_size), mask_id, device=dev, dtype=torch.long)
-    block[0, 0] = anchor
-    embeds = target.get_input_embeddings()(block)
-    valid = torch.ones(1, L, dtype=torch.bool, device=dev)
-    hidden = drafter.forward_block(embeds, positions[None, L:], ctx_k[:, None], ctx_v[:, None], valid)
-    return hidden[:, 1:]  # [1, S, H]
 
 
 def features(out, layer_ids):
@@ -137,83 +110,53 @@ def viterbi(scores):
     return list(reversed(path)) if S else []
 
 
-def leading_matches(path: list[int], truth: list[int]) -> int:
-    n = 0
-    for a, b in zip(path, truth):
-        if a != b:
-            break
-        n += 1
-    return n
-
-
 # ---------------------------------------------------------------------------
-# The reference loop
+# The reference loop, every block scored against the greedy truth
 # ---------------------------------------------------------------------------
 
 
-def generate(prompt_ids, tok, target, drafter, mask_id, max_new: int, k: int) -> dict:
-    """Greedy speculative decoding of one prompt; records every step."""
+def _viterbi_tokens(drafter, step) -> list[int]:
+    """The highest-scoring path through the step's selector lattice, as tokens."""
     import torch
 
-    from sglang_dflash.candidates import topk_candidates
-    from sglang_dflash.propose import propose_argmax, propose_selector
     from sglang_dflash.select import lattice_scores
+
+    sel, hidden = drafter.candidate_selector, step.hidden
+    anchor = torch.tensor([step.anchor], device=hidden.device)
+    scores = lattice_scores(step.candidates, hidden.float(), anchor, sel.predecessor_codebook,
+                            sel.successor_codebook, sel.hidden_projection.weight)[0]
+    cand_ids = step.candidate_ids
+    return [cand_ids[e][c] for e, c in enumerate(viterbi(scores))]
+
+
+def generate(prompt_ids, target, drafter, mask_id, max_new: int, k: int) -> dict:
+    """Greedy speculative decoding of one prompt (`sglang_dflash.reference.decode`);
+    one record per block started within the first `max_new` tokens. The loop runs
+    S tokens further so that every recorded block has its full greedy truth."""
+    from sglang_dflash.reference import decode
 
     cfg = drafter.cfg
     S = cfg.block_size - 1
-    dev = next(target.parameters()).device
-    lm_head = target.get_output_embeddings().weight
-    vocab = cfg.vocab_size
-    ids = torch.tensor(prompt_ids, device=dev)
-    out = target(input_ids=ids[None], output_hidden_states=True, use_cache=False)
-    ctx_feats = features(out, cfg.target_layer_ids)  # every prompt position
-    committed = list(prompt_ids)
-    anchor = int(out.logits[0, -1].argmax())
-    generated = [anchor]
+    out = decode(target, drafter, prompt_ids, max_new + S, mask_id, k=k,
+                 keep_hidden=cfg.has_selector)
+    full = list(prompt_ids) + out.tokens
+    last = len(prompt_ids) + max_new - 1  # blocks anchored before this were started in budget
     steps = []
-    # Run S tokens past max_new so every recorded block has its full greedy truth.
-    while len(generated) < max_new + S:
-        record = len(generated) < max_new
-        L = len(committed)
-        hidden = draft_hidden(drafter, target, ctx_feats, anchor, mask_id)  # [1, S, H]
-        cands = topk_candidates(hidden, lm_head[:vocab], k, output_multiplier=cfg.output_multiplier,
-                                softcap=cfg.final_logit_softcapping)
-        step = {"pos": L, "cand_ids": cands.ids[0].tolist()}
+    for st in out.steps:
+        if st.position >= last:
+            break
+        step = {"pos": st.position, "cand_ids": st.candidate_ids, "drafts": st.drafts,
+                "accept": st.accepted, "truth": full[st.position + 1:st.position + 1 + S]}
         if cfg.has_selector:
-            zeros = torch.zeros(1, device=dev)
-            prop = propose_selector(drafter, hidden, torch.tensor([anchor], device=dev), lm_head[:vocab],
-                                    temperature=zeros, greedy=torch.ones(1, dtype=torch.bool, device=dev),
-                                    uniforms=torch.zeros(1, S, device=dev))
-            sel = drafter.candidate_selector
-            scores = lattice_scores(cands, hidden.float(), torch.tensor([anchor], device=dev),
-                                    sel.predecessor_codebook, sel.successor_codebook,
-                                    sel.hidden_projection.weight)[0]
-            vit = viterbi(scores)
-            step["viterbi"] = [step["cand_ids"][e][c] for e, c in enumerate(vit)]
-        else:
-            prop = propose_argmax(hidden, lm_head[:vocab])
-        drafts = prop.drafts[0].tolist()
-        step["drafts"] = drafts
-        seq = torch.tensor(committed + [anchor] + drafts, device=dev)
-        out = target(input_ids=seq[None], output_hidden_states=True, use_cache=False)
-        tgt = out.logits[0, L:L + S + 1].argmax(dim=-1).tolist()  # target token after each block row
-        accept = leading_matches(drafts, tgt[:S])
-        bonus = tgt[accept]
-        step["accept"] = accept
-        if record:
-            steps.append(step)
-        committed += [anchor] + drafts[:accept]
-        ctx_feats = features(out, cfg.target_layer_ids)[:len(committed)]
-        generated += drafts[:accept] + [bonus]
-        anchor = bonus
-    full = list(prompt_ids) + generated
-    for step in steps:  # the target's greedy tokens for slots 1..S of each block
-        step["truth"] = full[step["pos"] + 1:step["pos"] + 1 + S]
-    return {"steps": steps, "generated": generated[:max_new]}
+            step["viterbi"] = _viterbi_tokens(drafter, st)
+        steps.append(step)
+    return {"steps": steps, "generated": out.tokens[:max_new]}
 
 
 def analyse(steps: list[dict], S: int, has_selector: bool) -> dict:
     """Statistics over recorded steps (see the module docstring)."""
+    from sglang_dflash.reference import leading_matches
+
     n = len(steps)
     if n == 0:
         return {"steps": 0}
@@ -453,15 +396,11 @@ def parse_args(argv=None):
     p.add_argument("--no-timing", action="store_true")
     p.add_argument("--tiny", action="store_true", help="2 prompts of one workload, 16 tokens, short timing")
     p.add_argument("--out", help=f"JSON path (default {os.path.relpath(DEFAULT_OUT, common.REPO)})")
-    p.add_argument("--results-md", help="Markdown file whose `steps` section to update "
-                   "(default: benchmark/RESULTS.md when --out is the default)")
     opts = p.parse_args(argv)
     if opts.tiny:
         opts.workloads, opts.prompts, opts.max_new_tokens = "math", 2, 16
         opts.ctx_len, opts.iters, opts.warmup = 32, 3, 1
     opts.workloads = opts.workloads.split(",")
-    if opts.results_md is None and opts.out is None:
-        opts.results_md = common.RESULTS_MD
     opts.out = os.path.abspath(opts.out or DEFAULT_OUT)
     if not opts.target or not opts.drafter:
         from sglang_dflash.demo import demo_pair
@@ -485,7 +424,7 @@ def run(opts, argv=None) -> dict:
     steps_by_w: dict[str, list] = {w: [] for w in opts.workloads}
     per_prompt = []
     for w, ids in prompts:
-        g = generate(ids, tok, target, drafter, mask_id, opts.max_new_tokens, k)
+        g = generate(ids, target, drafter, mask_id, opts.max_new_tokens, k)
         steps_by_w[w] += g["steps"]
         a = analyse(g["steps"], S, cfg.has_selector)
         per_prompt.append({"workload": w, "prompt_tokens": len(ids), "steps": a["steps"],
@@ -493,10 +432,8 @@ def run(opts, argv=None) -> dict:
     all_steps = [s for w in opts.workloads for s in steps_by_w[w]]
     overall = analyse(all_steps, S, cfg.has_selector)
     paths = ["served", "argmax"] + (["viterbi"] if cfg.has_selector else []) + ["oracle"]
-    command = [os.path.relpath(os.path.abspath(sys.argv[0]), common.REPO)] if argv is None else [
-        "benchmark/step_analysis.py"]
     result = {
-        "meta": {"command": "python " + shlex.join(command + (sys.argv[1:] if argv is None else list(argv))),
+        "meta": {"command": common.command_line("benchmark/step_analysis.py", argv),
                  "date": common.now_iso(), "machine": common.machine_info(),
                  "versions": common.versions()},
         "settings": {k_: getattr(opts, k_) for k_ in (
@@ -529,10 +466,11 @@ def main(argv=None) -> int:
         result = run(opts, argv)
     os.makedirs(os.path.dirname(opts.out), exist_ok=True)
     common.write_json(opts.out, result)
+    md_path = os.path.splitext(opts.out)[0] + ".md"
+    with open(md_path, "w") as f:
+        f.write(markdown(result))
     print(table(result))
-    if opts.results_md:
-        common.update_section(opts.results_md, "steps", markdown(result))
-    print(f"[steps] wrote {opts.out}" + (f"; updated {opts.results_md} [steps]" if opts.results_md else ""))
+    print(f"[steps] wrote {opts.out} and {md_path}")
     return 0
 
 

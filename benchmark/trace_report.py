@@ -6,11 +6,11 @@ per forward (worker.py `_trace_line`). This splits each server process's lines
 into stretches separated by idle gaps (a grid cell, or its workload on a server
 that serves several in a row) and reports per stretch: decode steps, prefill
 calls, the batch size, the steps per verify width (all and at batch 1), the
-share of speculating steps and the mean measured step period per width. It is
-how benchmark/RESULTS.md's width counts were read (e.g. ab-pooled-c1).
+share of speculating steps and the mean measured step period per width: which
+widths the policy actually ran, cell by cell.
 
     python benchmark/trace_report.py /tmp/steps.jsonl [--gap 5] [--min-steps 50] [--json]
-    python benchmark/trace_report.py benchmark/results/s24/trace.jsonl.gz
+    python benchmark/trace_report.py RUN_DIR/trace.jsonl.gz
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def read_trace(paths: list[str]) -> dict[int, list[dict]]:
     """pid -> its trace lines in time order."""
     rows: dict[int, list[dict]] = defaultdict(list)
     for path in paths:
-        # Traces kept beside grid results are gzipped (benchmark/results/*/trace.jsonl.gz).
+        # A trace kept beside a run's results is usually gzipped.
         with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
             for n, line in enumerate(f, 1):
                 if not line.strip():

@@ -6,7 +6,7 @@ parameter Qwen3-architecture target trained here with its own BPE tokenizer
 and chat template, and a DFlash 2 drafter, block 8, K 16, trained for it with
 `sglang-dflash train`; see `assets/demo/MODEL_CARD.md`). `sglang-dflash demo`
 serves this pair; the tests use the smaller tiny pair (`tiny_paths()`, built by
-`python -m sglang_dflash.tiny_models`).
+`python -m sglang_dflash.tools.tiny_models`).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import requests
 
 from sglang_dflash.cli import CPU_ENGINE_DEFAULTS
 from sglang_dflash.demo import tiny_paths
-from sglang_dflash.prompts import mixed_prompts
+from sglang_dflash.tools.prompts import mixed_prompts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmark"))

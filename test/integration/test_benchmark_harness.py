@@ -73,5 +73,5 @@ def test_reports_written(tiny_run):
         assert data.startswith(PNG_MAGIC) and len(data) > 5000, name
         assert f"]({name})" in md
     assert report["bench_serving_results"] and all("server_info" not in r for r in report["bench_serving_results"])
-    # --tiny with --out never touches the committed benchmark/RESULTS.md.
+    # --tiny with --out writes only under --out.
     assert "updated" not in stdout

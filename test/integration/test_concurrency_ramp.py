@@ -38,7 +38,7 @@ def _demo_prompts(n):
     from transformers import AutoTokenizer
 
     from sglang_dflash.demo import demo_pair
-    from sglang_dflash.prompts import mixed_prompts
+    from sglang_dflash.tools.prompts import mixed_prompts
 
     tok = AutoTokenizer.from_pretrained(demo_pair()[0])
     return [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,

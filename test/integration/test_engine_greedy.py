@@ -72,7 +72,7 @@ def test_demo_pair_greedy_identical_and_speculates():
     from transformers import AutoTokenizer
 
     from sglang_dflash.demo import demo_pair
-    from sglang_dflash.prompts import mixed_prompts
+    from sglang_dflash.tools.prompts import mixed_prompts
 
     target, drafter = demo_pair()
     tok = AutoTokenizer.from_pretrained(target)

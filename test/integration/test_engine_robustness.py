@@ -43,7 +43,7 @@ def test_retraction_under_kv_pressure():
     from transformers import AutoTokenizer
 
     from harness import TARGET
-    from sglang_dflash.prompts import mixed_prompts
+    from sglang_dflash.tools.prompts import mixed_prompts
 
     tok = AutoTokenizer.from_pretrained(TARGET)
     prompts = [

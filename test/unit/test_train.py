@@ -19,12 +19,11 @@ from sglang_dflash.train import (  # noqa: E402
     block_diffusion_loss,
     block_labels,
     context_mask,
-    greedy_generate,
     sample_anchors,
     slot_weights,
-    speculative_generate,
     train_drafter,
 )
+from sglang_dflash.reference import greedy_generate, speculative_generate  # noqa: E402
 from sglang_dflash.train.objective import draft_hidden_for_anchors  # noqa: E402
 
 torch.set_num_threads(1)

@@ -18,9 +18,7 @@ from .trainer import (
     AcceptanceReport,
     TrainConfig,
     TrainHistory,
-    greedy_generate,
     measure_acceptance,
-    speculative_generate,
     train_drafter,
 )
 
@@ -33,10 +31,8 @@ __all__ = [
     "block_diffusion_loss",
     "block_labels",
     "context_mask",
-    "greedy_generate",
     "measure_acceptance",
     "sample_anchors",
     "slot_weights",
-    "speculative_generate",
     "train_drafter",
 ]

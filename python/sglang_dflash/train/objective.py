@@ -15,7 +15,7 @@ For a token sequence tok[0..T) whose target features feat[0..T) are known:
 
   with w_k = exp(-(k-1) / gamma). Later slots are only useful when every
   earlier one is accepted, so they matter less; gamma = 7 is SpecForge's
-  `--loss-decay-gamma` default for DFlash (dflash.md §12).
+  `--loss-decay-gamma` default for DFlash (docs/design.md §8).
 
 Labels past the sequence end, or at positions the caller's `loss_mask`
 excludes (prompt tokens, padding), are ignored. Anchors are drawn only where

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from sglang_dflash.chat_tokenizer import build_bpe_tokenizer
+from sglang_dflash.tools.chat_tokenizer import build_bpe_tokenizer
 
 CODE_PREFIX = "Complete this Python code:\n"
 DEFAULT_DATA = Path(__file__).resolve().parents[4] / "shared" / "data"

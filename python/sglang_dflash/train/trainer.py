@@ -2,9 +2,10 @@
 
 `train_drafter` runs AdamW on the block-diffusion objective (objective.py)
 with target features computed on the fly by a frozen HF causal LM.
-`measure_acceptance` runs a reference greedy speculative-decoding loop (HF
-target + drafter, no KV cache, one sequence at a time) and reports the mean
-acceptance length, bonus included, as sglang and vLLM count it.
+`measure_acceptance` decodes prompts greedily with the reference loop
+(`sglang_dflash.reference`: HF target + drafter, no KV cache, one sequence at
+a time) and reports the mean acceptance length, bonus included, as sglang and
+vLLM count it.
 
 Determinism: every random draw comes from a `torch.Generator` seeded from
 `TrainConfig.seed`; with `torch.set_num_threads(1)` on CPU two runs give the
@@ -20,7 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..model import DFlashDrafter, reference_draft_step, target_features
+from ..model import DFlashDrafter, target_features
+from ..reference import speculative_generate
 from .objective import block_diffusion_loss, sample_anchors
 
 
@@ -140,7 +142,7 @@ def _summarise(step: int, window: list) -> dict:
 
 
 # ---------------------------------------------------------------------------
-# Reference greedy speculative decoding (acceptance probe)
+# Acceptance probe (the reference loop of sglang_dflash.reference)
 # ---------------------------------------------------------------------------
 
 
@@ -149,44 +151,6 @@ class AcceptanceReport:
     mean_acceptance_length: float  # mean over all steps of (accepted + 1)
     per_prompt: tuple  # mean AL per prompt
     outputs: tuple  # generated token lists per prompt
-
-
-@torch.no_grad()
-def _greedy_next(target, ids: list) -> torch.Tensor:
-    """Target argmax after every position of `ids` -> [len(ids)]."""
-    return target(input_ids=torch.tensor([ids]), use_cache=False).logits[0].argmax(-1)
-
-
-@torch.no_grad()
-def greedy_generate(target, prompt: Sequence[int], max_new_tokens: int) -> list:
-    """Plain greedy decoding without a KV cache (the equivalence oracle)."""
-    ids = list(prompt)
-    for _ in range(max_new_tokens):
-        ids.append(int(_greedy_next(target, ids)[-1]))
-    return ids[len(prompt):]
-
-
-@torch.no_grad()
-def speculative_generate(target, drafter: DFlashDrafter, prompt: Sequence[int],
-                         max_new_tokens: int, mask_token_id: int):
-    """Greedy DFlash decoding; returns (generated tokens, per-step acceptance lengths).
-
-    Each step drafts B-1 tokens from [anchor, MASK...], verifies them with one
-    target pass over [committed..., drafts], accepts the longest prefix equal
-    to the target's argmax and appends the target's bonus token.
-    """
-    ids = list(prompt)
-    ids.append(int(_greedy_next(target, ids)[-1]))  # prefill's token: the first anchor
-    steps = []
-    while len(ids) - len(prompt) < max_new_tokens:
-        draft = reference_draft_step(drafter, target, torch.tensor(ids), mask_token_id).tolist()
-        posterior = _greedy_next(target, ids + draft)[len(ids) - 1:].tolist()  # [B]
-        accepted = 0
-        while accepted < len(draft) and draft[accepted] == posterior[accepted]:
-            accepted += 1
-        ids += draft[:accepted] + [posterior[accepted]]
-        steps.append(accepted + 1)
-    return ids[len(prompt):len(prompt) + max_new_tokens], steps
 
 
 def measure_acceptance(target, drafter: DFlashDrafter, prompts: Sequence[Sequence[int]],
