@@ -1,4 +1,4 @@
-"""Top-K candidate tokens per drafted position (DFlash 2, dflash.md §3.2).
+"""Top-K candidate tokens per drafted position (DFlash 2, docs/design.md §5).
 
 The drafter's hidden state at each drafted position is projected through the
 *target* LM head, restricted to the real vocabulary, and the K best tokens are

@@ -3,7 +3,8 @@
   sglang-dflash serve ARGS...   run `python -m sglang.launch_server ARGS...`; on a
                                 host without CUDA, first set up SGLang's CPU engine
                                 (sgl_kernel stand-in, SGLANG_USE_CPU_ENGINE=1) and
-                                add CPU defaults for arguments the user did not give.
+                                add CPU defaults for arguments the user did not give
+                                (--no-sleep-on-idle keeps an idle scheduler polling).
   sglang-dflash demo ARGS...    serve the bundled pair with DFLASH (`serve` with the
                                 pair's --model-path/--speculative-* arguments filled in).
   sglang-dflash train ARGS...   train a DFlash / DFlash 2 drafter (python -m sglang_dflash.train --help).
@@ -29,7 +30,10 @@ CPU_ENGINE_DEFAULTS: dict[str, object] = dict(
     # A shared host: do not size the KV cache from most of its RAM.
     max_total_tokens=65536,
     mem_fraction_static=0.3,
+    # An idle scheduler otherwise busy-polls: each one holds a whole core.
+    sleep_on_idle=True,
 )
+NO_SLEEP_ON_IDLE = "--no-sleep-on-idle"  # ours: opt out of the sleep_on_idle default
 
 # The same as `launch_server` flags (a True value is a bare flag).
 CPU_DEFAULTS: list[tuple[str, list[str]]] = [
@@ -59,12 +63,8 @@ def cpu_dtype(model_path: str | None) -> str | None:
 
     Why: "auto" downcasts a float32 checkpoint to float16, a GPU convention;
     torch's CPU kernels run float16 slowest of the three float types (they
-    convert to and from it: 71% of a drafter forward's time went to
-    `aten::copy_` in a served profile). Measured on a 2-core host with the
-    demo pair (benchmark/RESULTS.md, "CPU dtype and huge pages"): plain
-    decoding and always-on speculation were slower in float16 than in float32
-    in all six cells tried (up to 1.3x for speculation). bfloat16 is fast only
-    where the CPU has native bfloat16 units, so the default keeps the
+    convert to and from it; docs/decisions.md has the measurement). bfloat16 is
+    fast only where the CPU has native bfloat16 units, so the default keeps the
     checkpoint's float32; `--dtype` overrides it."""
     if not model_path:
         return None
@@ -82,8 +82,10 @@ def cpu_dtype(model_path: str | None) -> str | None:
 
 
 def with_cpu_defaults(args: list[str]) -> list[str]:
-    out = list(args)
+    out = [a for a in args if a != NO_SLEEP_ON_IDLE]
     for flag, values in CPU_DEFAULTS:
+        if flag == "--sleep-on-idle" and NO_SLEEP_ON_IDLE in args:
+            continue
         if not _given(out, flag):
             out += [flag, *values]
     if not _given(out, "--dtype"):

@@ -1,7 +1,7 @@
 """The drafter's context: target features of committed tokens, as drafter K/V.
 
 The drafter attends to context K/V projected from the target's hidden states
-of every committed token (dflash.md §2). Rows live in `DraftKVCache`, indexed
+of every committed token (docs/design.md §2). Rows live in `DraftKVCache`, indexed
 by the target's own KV slot ids. `DraftContext` decides when they are written:
 
 * a committed row must be in the cache before the drafter next reads it;

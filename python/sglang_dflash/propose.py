@@ -14,30 +14,23 @@ from typing import Optional
 import torch
 
 from sglang_dflash.candidates import head_logits, topk_candidates
-from sglang_dflash.select import dense_q, lattice_scores, path_confidence, walk
+from sglang_dflash.select import dense_q, lattice_scores, walk
 
 
 @dataclass
 class Proposal:
     drafts: torch.Tensor  # [bs, S] int64 drafted tokens for block positions 1..S
     q: Optional[torch.Tensor]  # [bs, S, V] float32 dense q, or None for a one-hot (argmax) draft
-    # [bs, S] float32 the drafter's confidence per slot (truncate.py), when asked for
-    confidence: Optional[torch.Tensor] = None
 
     def first(self, width: int) -> Proposal:
         """The proposal of the first `width` slots (views, no copy)."""
         q = None if self.q is None else self.q[:, :width]
-        confidence = None if self.confidence is None else self.confidence[:, :width]
-        return Proposal(drafts=self.drafts[:, :width], q=q, confidence=confidence)
+        return Proposal(drafts=self.drafts[:, :width], q=q)
 
 
-def propose_argmax(hidden: torch.Tensor, lm_head_weight: torch.Tensor,
-                   with_confidence: bool = False) -> Proposal:
-    """DFlash v1. hidden: [bs, S, H] drafter states at block positions 1..S.
-    Confidence: the head's peak probability (v1 drafts are deterministic)."""
-    logits = head_logits(hidden, lm_head_weight)
-    confidence = torch.softmax(logits.float(), dim=-1).amax(dim=-1) if with_confidence else None
-    return Proposal(drafts=logits.argmax(dim=-1), q=None, confidence=confidence)
+def propose_argmax(hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> Proposal:
+    """DFlash v1. hidden: [bs, S, H] drafter states at block positions 1..S."""
+    return Proposal(drafts=head_logits(hidden, lm_head_weight).argmax(dim=-1), q=None)
 
 
 def propose_selector(
@@ -48,7 +41,6 @@ def propose_selector(
     temperature: torch.Tensor,
     greedy: torch.Tensor,
     uniforms: torch.Tensor,
-    with_confidence: bool = False,
 ) -> Proposal:
     """DFlash 2.
 
@@ -72,5 +64,4 @@ def propose_selector(
         sel.hidden_projection.weight,
     )
     path = walk(scores, cands.ids, temperature.float(), greedy, uniforms)
-    confidence = path_confidence(scores, path.choice) if with_confidence else None
-    return Proposal(drafts=path.tokens, q=dense_q(path.q, cands.ids, vocab), confidence=confidence)
+    return Proposal(drafts=path.tokens, q=dense_q(path.q, cands.ids, vocab))

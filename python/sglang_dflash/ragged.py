@@ -3,12 +3,9 @@ request), in plain torch and without `torch.repeat_interleave`; and the gather
 of paged K/V rows by a per-request slot table (`gather_rows`).
 
 Why not `repeat_interleave`: its CPU kernel hands even a 16-element repeat to
-the intra-op thread pool, and on a loaded 2-core host the calling thread then
-waits for a descheduled worker thread. Inside a serving scheduler at batch 16
-the KV-slot assignment built on it took 650 us mean and 1.3 ms at p90 per call
-(35 us on an idle host), about 4% of a W = 0 step that plain decoding does not
-pay. Elementwise ops, boolean masks and gathers this small run inline
-(torch parallelizes them only above ~32k elements).
+the intra-op thread pool, and on a loaded host the calling thread then waits
+for a descheduled worker thread (a measurable share of a W = 0 step). The
+elementwise ops, masks and gathers used here run inline at these sizes.
 """
 
 from __future__ import annotations
@@ -46,18 +43,6 @@ def ragged_runs(starts: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor,
     run = torch.arange(lens.numel(), device=lens.device).view(-1, 1).expand_as(keep)[keep]
     value = (starts.long().view(-1, 1) + offsets.view(1, -1))[keep]
     return run, value
-
-
-def unpack_rows(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Packed rows [n, ...] -> the padded [rows.numel(), ...] layout, where
-    `rows` [bs, W] (or flat) marks the rows that are really there, as a prefix
-    of each request's row block starting with its first row (a ragged verify:
-    every request verifies its anchor). A row that is not there holds a copy of
-    the row before it (its request's last real row), for callers that never
-    read it. One gather: no zero fill, no mask scatter (at batch 64 a verify's
-    logits are 512 x V)."""
-    index = (torch.cumsum(rows.reshape(-1).to(torch.int64), dim=0) - 1).clamp(min=0)
-    return packed.index_select(0, index)
 
 
 def gather_rows(cache: torch.Tensor, slots: torch.Tensor, dim: int = 0) -> torch.Tensor:

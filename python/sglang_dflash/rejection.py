@@ -1,4 +1,4 @@
-"""Lossless verification of a drafted chain (dflash.md §4.1-4.5).
+"""Lossless verification of a drafted chain (docs/design.md §6).
 
 Terminology:
     p: target distribution, the one plain SGLang decoding samples from
@@ -15,7 +15,7 @@ min(1, p_i(x_i) / q_i(x_i)); at the first rejection emit a token drawn from
 norm(max(0, p_i - q_i)) over the FULL vocabulary and stop; if all S drafts are
 accepted emit a token drawn from p_S. The output is then distributed exactly
 as target sampling, for any q, as long as q is the distribution the draft was
-really drawn from (dflash.md §4.5).
+really drawn from (docs/design.md §6.5).
 
 Imports torch and the stdlib only.
 """

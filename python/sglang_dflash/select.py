@@ -1,4 +1,4 @@
-"""DFlash 2 candidate selector: lattice scores and the path walk (dflash.md §3.2).
+"""DFlash 2 candidate selector: lattice scores and the path walk (docs/design.md §5).
 
 For every drafted slot e (0-based over the S = B - 1 drafted positions), each
 predecessor p and candidate c get the score
@@ -17,7 +17,7 @@ argmax; sampled rows draw from q = softmax(row / T) by inverse CDF from a
 caller-supplied uniform, so the walk has no RNG of its own and can be captured
 in a CUDA graph. The walk returns q, the exact distribution each token was
 drawn from, because lossless verification (`rejection.py`) needs it
-(dflash.md §4.5: same temperature, same candidates, same predecessor row).
+(docs/design.md §6.5: same temperature, same candidates, same predecessor row).
 
 Imports torch, the stdlib and sglang_dflash.candidates only.
 """
@@ -29,7 +29,7 @@ import torch
 from sglang_dflash.candidates import Candidates
 
 # SGLang clamps the walk temperature to this floor before the walk
-# (dflash.md §4.5); q must be computed with the same clamped value.
+# (docs/design.md §6.5); q must be computed with the same clamped value.
 MIN_TEMPERATURE = 1e-5
 
 
@@ -140,34 +140,11 @@ def _walk_greedy(scores: torch.Tensor, cand_ids: torch.Tensor, batch: torch.Tens
     return Path(tokens=tokens.to(torch.int64), choice=choice, q=q)
 
 
-def path_confidence(scores: torch.Tensor, choice: torch.Tensor) -> torch.Tensor:
-    """Peak probability of softmax(row) at every slot of the walked path.
-
-    The row of slot e is the one the walk read there: row 0 at slot 0, the
-    candidate chosen at slot e - 1 after it. So c_e depends on the choices
-    before slot e and never on the token drawn at e, which is what lets a
-    sampled request's verify length depend on it losslessly (truncate.py).
-    Temperature 1 whatever the request's: this is a confidence, not q.
-
-    Args:
-        scores: [bs, S, K, K] float32 lattice; choice: [bs, S] int64 from `walk`.
-    Returns:
-        [bs, S] float32 in (0, 1] (1/K for a row with no finite score).
-    """
-    bs, num_slots, k, _ = scores.shape
-    rows = torch.cat([choice.new_zeros(bs, 1), choice[:, :-1]], dim=1) if num_slots else choice
-    index = rows.view(bs, num_slots, 1, 1).expand(bs, num_slots, 1, k)
-    realized = _sanitize(scores.gather(2, index).squeeze(2).float())  # [bs, S, K]
-    dead = (realized.amax(dim=-1, keepdim=True) == float("-inf"))  # [bs, S, 1] nothing finite
-    realized = torch.where(dead, torch.zeros_like(realized), realized)
-    return torch.softmax(realized, dim=-1).amax(dim=-1)
-
-
 def dense_q(path_q: torch.Tensor, cand_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Scatter the walk's q over the full vocabulary for the verifier.
 
     Tokens outside the candidates get q = 0, so their whole target mass stays
-    in the rejection residual (dflash.md §4.4).
+    in the rejection residual (docs/design.md §6.4).
 
     Args:
         path_q: [bs, S, K] float32 from `walk`.

@@ -31,9 +31,10 @@ class SpecStats:
         self.timed_steps = [0] * (max_width + 1)
         self.prefill_seconds = 0.0
         self.prefill_steps = 0
-        self.spec_request_steps = 0  # request-steps at W > 0
-        self.verified_drafts = 0  # drafts the target verified in them (ragged verify: <= W each)
-        self.truncated = 0  # ... of which verified fewer than W
+        # Drafts the target verified and accepted: SGLang's own accept rate
+        # assumes B-1 verified drafts per step, which W < B-1 and W = 0 break.
+        self.verified_drafts = 0
+        self.correct_drafts = 0
 
     def time_step(self, width: int, seconds: float) -> None:
         self.timed_seconds[width] += seconds
@@ -43,10 +44,8 @@ class SpecStats:
         self.prefill_seconds += seconds
         self.prefill_steps += 1
 
-    def observe(self, width: int, accept_lens: list[int], limits: list[int] | None = None) -> None:
-        """One decode step at width W; `limits`: drafts each request verified
-        under ragged verify (None = all W)."""
-        limits = [width] * len(accept_lens) if limits is None else limits
+    def observe(self, width: int, accept_lens: list[int]) -> None:
+        """One decode step at width W: accepted drafts per request."""
         self.steps += 1
         self.spec_steps += width > 0
         self.width_changes += self.steps > 1 and width != self.last_width
@@ -54,12 +53,10 @@ class SpecStats:
         self.last_width = width
         self.request_steps += len(accept_lens)
         self.committed += sum(accept_lens) + len(accept_lens)
-        if width > 0:
-            self.spec_request_steps += len(accept_lens)
-            self.verified_drafts += sum(limits)
-            self.truncated += sum(n < width for n in limits)
-        for a, n in zip(accept_lens, limits):
-            for j in range(min(a + 1, n)):
+        self.verified_drafts += width * len(accept_lens)
+        self.correct_drafts += sum(accept_lens)
+        for a in accept_lens:
+            for j in range(min(a + 1, width)):
                 self.reached[j] += 1
                 self.accepted[j] += j < a
 
@@ -78,12 +75,10 @@ class SpecStats:
             "timed_steps_by_width": list(self.timed_steps),
             "prefill_seconds": round(self.prefill_seconds, 4),
             "prefill_steps": self.prefill_steps,
-            # Ragged verify (truncate.py): drafts verified per speculating request-step,
-            # and the share of those request-steps cut below the step's width.
-            "verified_drafts_per_request": (round(self.verified_drafts / self.spec_request_steps, 4)
-                                            if self.spec_request_steps else None),
-            "truncated_share": (round(self.truncated / self.spec_request_steps, 4)
-                                if self.spec_request_steps else None),
+            "verified_drafts": self.verified_drafts,
+            "correct_drafts": self.correct_drafts,
+            "draft_accept_rate": (self.correct_drafts / self.verified_drafts
+                                  if self.verified_drafts else None),
         }
 
 

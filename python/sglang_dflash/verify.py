@@ -7,7 +7,7 @@ rejection sampling against the target's p (after temperature, top-k, top-p,
 min-p, as plain decoding samples): with the q the draft was really drawn from
 (DFlash 2 selector walk) or, for deterministic drafts (DFlash v1 argmax), a
 one-hot q, where the rule reduces to "draw y ~ p, accept iff y equals the
-draft" (dflash.md §4.3).
+draft" (docs/design.md §6.3).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from sglang_dflash.ops import chain_rejection
-from sglang_dflash.rejection import PAD_TOKEN_ID, AcceptResult, greedy_accept, target_probs
+from sglang_dflash.rejection import AcceptResult, greedy_accept, target_probs
 
 
 @dataclass
@@ -54,7 +54,6 @@ def verify_block(
     rows: Optional[SamplingRows],
     q: Optional[torch.Tensor] = None,
     uniforms: Optional[VerifyUniforms] = None,
-    limits: Optional[torch.Tensor] = None,
 ) -> AcceptResult:
     """Accept a prefix of `drafts` and emit the bonus, per request.
 
@@ -66,18 +65,12 @@ def verify_block(
         q: [bs, S, V] dense distribution each draft was drawn from, or None
             for deterministic drafts (one-hot q).
         uniforms: required when some row samples.
-        limits: [bs] int64 in [0, S], or None (= S): request i verified only
-            its first limits[i] drafts (truncate.py); its logits rows after
-            limits[i] are never read, and its bonus after limits[i] accepts
-            is drawn from p there, exactly as if its block had ended there.
     Returns:
         AcceptResult (accept_len [bs], tokens [bs, S+1] with the bonus at accept_len).
     """
     bs, width, vocab = logits.shape
     if drafts.shape != (bs, width - 1):
         raise ValueError(f"drafts {tuple(drafts.shape)} must be [{bs}, {width - 1}] for logits {tuple(logits.shape)}")
-    if limits is not None:
-        return _verify_truncated(drafts, logits, rows, q, uniforms, limits)
     greedy_result = greedy_accept(drafts, logits.argmax(dim=-1))
     if rows is None or bool(rows.greedy.all()):
         return greedy_result
@@ -94,39 +87,3 @@ def verify_block(
         accept_len=torch.where(rows.greedy, greedy_result.accept_len, sampled.accept_len),
         tokens=torch.where(greedy, greedy_result.tokens, sampled.tokens),
     )
-
-
-def _verify_truncated(drafts, logits, rows, q, uniforms, limits) -> AcceptResult:
-    """`verify_block` where request i verified only drafts[i, :limits[i]].
-
-    Greedy rows: a draft past the limit is replaced by PAD, which no argmax
-    equals, so acceptance stops there and the bonus is the argmax of the last
-    verified row. Sampled rows: requests sharing a limit n run the exact
-    chain on their first n drafts and n + 1 logits rows (at most S + 1 such
-    groups), so the bonus after n accepts comes from p at row n, never from
-    a residual against a draft that was not verified."""
-    bs, width, _ = logits.shape
-    num_drafts = width - 1
-    limits = limits.to(device=drafts.device, dtype=torch.int64)
-    cols = torch.arange(num_drafts, device=drafts.device).unsqueeze(0)
-    cut = torch.where(cols < limits.unsqueeze(1), drafts.long(), torch.full_like(drafts.long(), PAD_TOKEN_ID))
-    greedy_result = greedy_accept(cut, logits.argmax(dim=-1))
-    if rows is None or bool(rows.greedy.all()):
-        return greedy_result
-    accept_len = greedy_result.accept_len.clone()
-    tokens = greedy_result.tokens.clone()
-    sampled_rows = ~rows.greedy
-    for n in torch.unique(limits[sampled_rows]).tolist():
-        idx = torch.nonzero(sampled_rows & (limits == n)).squeeze(1)
-        part = verify_block(
-            drafts[idx, :n], logits[idx, :n + 1], _select_rows(rows, idx),
-            None if q is None else q[idx, :n],
-            VerifyUniforms(accept=uniforms.accept[idx, :n], sample=uniforms.sample[idx, :n + 1]),
-        )
-        accept_len[idx] = part.accept_len
-        tokens[idx] = torch.nn.functional.pad(part.tokens, (0, num_drafts - n), value=PAD_TOKEN_ID)
-    return AcceptResult(accept_len=accept_len, tokens=tokens)
-
-
-def _select_rows(rows: SamplingRows, idx: torch.Tensor) -> SamplingRows:
-    return SamplingRows(rows.temperature[idx], rows.top_p[idx], rows.top_k[idx], rows.min_p[idx])

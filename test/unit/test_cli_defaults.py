@@ -47,3 +47,11 @@ def test_cpu_env_asks_for_huge_pages_unless_set():
     env = cpu_env({"PYTHONPATH": ""})
     assert env["SGLANG_USE_CPU_ENGINE"] == "1" and env["THP_MEM_ALLOC_ENABLE"] == "1"
     assert cpu_env({"THP_MEM_ALLOC_ENABLE": "0"})["THP_MEM_ALLOC_ENABLE"] == "0"  # the user's wins
+
+
+def test_idle_cpu_server_sleeps_unless_told_otherwise():
+    """An idle SGLang scheduler busy-polls a core; on CPU hosts it sleeps by default."""
+    assert "--sleep-on-idle" in with_cpu_defaults(["--model-path", "m"])
+    args = with_cpu_defaults(["--model-path", "m", "--no-sleep-on-idle"])
+    assert "--sleep-on-idle" not in args and "--no-sleep-on-idle" not in args  # ours, not SGLang's
+    assert with_cpu_defaults(["--sleep-on-idle"]).count("--sleep-on-idle") == 1

@@ -17,10 +17,7 @@ CORE_MODULES = [
     "sglang_dflash.candidates",
     "sglang_dflash.select",
     "sglang_dflash.rejection",
-    "sglang_dflash.prompts",
     "sglang_dflash.policy",
-    "sglang_dflash.cost_model",
-    "sglang_dflash.trials",
     "sglang_dflash.stats",
     "sglang_dflash.verify",
     "sglang_dflash.verify_attention",
@@ -34,7 +31,14 @@ CORE_MODULES = [
     "sglang_dflash.train.trainer",
     "sglang_dflash.train.cli",
     "sglang_dflash.train.selector_loss",
-    "sglang_dflash.acceptance",
+    "sglang_dflash.reference",
+    "sglang_dflash.hub",
+    "sglang_dflash.penalties",
+    "sglang_dflash.target_support",
+    "sglang_dflash.tools.acceptance_report",
+    "sglang_dflash.tools.prompts",
+    "sglang_dflash.tools.chat_tokenizer",
+    "sglang_dflash.tools.tiny_models",
 ]
 
 
@@ -53,4 +57,11 @@ def test_core_module_imports_without_sglang_or_triton(module):
 
 def test_package_root_is_light():
     proc = _run("import sys, sglang_dflash; assert 'torch' not in sys.modules, 'torch imported'")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_policy_is_host_arithmetic_only():
+    """The policy runs once per decode step on the host: no torch, no SGLang."""
+    proc = _run("import sys, sglang_dflash.policy; "
+                "assert 'torch' not in sys.modules and 'sglang' not in sys.modules")
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -13,7 +13,7 @@ except ImportError:  # running from a checkout without an installed package
 
 from sglang_dflash.adapter.profile import _best_times, profile_costs  # noqa: E402
 from sglang_dflash.checkpoint import load_drafter  # noqa: E402
-from sglang_dflash.cost_model import CostModel  # noqa: E402
+from sglang_dflash.policy import CostModel  # noqa: E402
 from sglang_dflash.train.cli import load_target  # noqa: E402
 
 TINY = Path(__file__).resolve().parents[2] / "python" / "sglang_dflash" / "assets" / "tiny"

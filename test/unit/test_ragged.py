@@ -64,14 +64,3 @@ def test_gather_rows_equals_advanced_indexing(dtype, dim):
         got = gather_rows(cache, slots, dim=dim)
         assert got.shape == want.shape
         assert torch.equal(got, want)
-
-
-def test_unpack_rows_puts_packed_rows_back_in_their_padded_places():
-    from sglang_dflash.ragged import unpack_rows
-
-    rows = torch.tensor([[True, True, False], [True, False, False], [True, True, True]])
-    packed = torch.arange(6).float().unsqueeze(1) * 10  # the six real rows, in order
-    out = unpack_rows(packed, rows).squeeze(1)
-    assert out[rows.reshape(-1)].tolist() == packed.squeeze(1).tolist()
-    # A row that is not there copies its request's last real row.
-    assert out.tolist() == [0, 10, 10, 20, 20, 20, 30, 40, 50]

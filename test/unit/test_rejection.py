@@ -359,7 +359,7 @@ def test_chain_rejection_is_lossless(temperature, filters):
 
 @pytest.mark.parametrize("temperature", [0.5, 1.7])
 def test_chain_rejection_detects_wrong_temperature_q(temperature):
-    """The vLLM pitfall (dflash.md §4.5): drafts sampled at T, q computed at 1.0.
+    """The vLLM pitfall (docs/design.md §6.5): drafts sampled at T, q computed at 1.0.
 
     The checks of `test_chain_rejection_is_lossless` must flag it: most of
     them above tolerance, and position 0, where all 200k rows share one

@@ -14,6 +14,9 @@ def test_counts_by_position_and_ratios():
     assert snap["acceptance_by_position"] == [0.75, 0.5, 1.0]
     assert snap["steps_by_width"] == [1, 1, 0, 1]
     assert snap["width_changes"] == 2  # 3 -> 0 -> 1
+    # Drafts actually verified (3 x 3 + 0 + 1), not B-1 per request-step.
+    assert snap["verified_drafts"] == 10 and snap["correct_drafts"] == 5
+    assert snap["draft_accept_rate"] == 0.5
 
 
 def test_width_changes_count_only_changes():

@@ -9,13 +9,8 @@ DFLASH block: a verify block is exactly an extend of `draft_token_num` tokens
 on top of the committed prefix, with causal masking (the block is a linear
 chain). A verify batch with a tree mask (SGLang's NGRAM; on CPU it carries
 the `[bs, n, n]` mask among the block's own tokens only) is attended through
-that mask; any other mask layout is refused rather than ignored. A ragged
-verify (`spec_info.ragged_verify_layout`, SGLang's own layout record: request
-i verifies its first verify_lens[i] <= draft_token_num tokens, packed back to
-back; our worker's per-request truncation, truncate.py) is attended in the
-padded [bs, draft_token_num] layout and packed again: a padded query sees
-only keys at or before its own position, so the real rows are unaffected and
-the padded rows are dropped. EXTEND and DECODE behave exactly as upstream.
+that mask; any other mask layout is refused rather than ignored. EXTEND and
+DECODE behave exactly as upstream.
 """
 
 from __future__ import annotations
@@ -24,8 +19,6 @@ from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBack
 from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-from sglang_dflash.ragged import unpack_rows
-from sglang_dflash.truncate import verify_mask
 from sglang_dflash.verify_attention import verify_attention
 
 
@@ -50,9 +43,6 @@ class VerifyCapableTorchNativeAttnBackend(TorchNativeAttnBackend):
         # context, and a full row per request per layer is a large copy.
         span = int(forward_batch.seq_lens.max()) + width
         query = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
-        rows = self._ragged_rows(forward_batch, width)
-        if rows is not None:  # packed ragged rows -> the padded [bs * width] layout
-            query = unpack_rows(query, rows)
         out = verify_attention(
             query,
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
@@ -64,25 +54,7 @@ class VerifyCapableTorchNativeAttnBackend(TorchNativeAttnBackend):
             sliding_window=window if window is not None and window > -1 else None,
             tree_mask=_tree_mask(forward_batch, width),
         )
-        if rows is not None:
-            out = out[rows]
         return out.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
-
-    def _ragged_rows(self, forward_batch, width):
-        """[bs * width] bool: the padded rows a ragged verify really has, or
-        None. Built once per forward (every layer of it reads the same layout)."""
-        layout = getattr(forward_batch.spec_info, "ragged_verify_layout", None)
-        if layout is None:
-            return None
-        cached = getattr(self, "_ragged_cache", None)
-        if cached is not None and cached[0] is layout:
-            return cached[1]
-        if getattr(forward_batch.spec_info, "custom_mask", None) is not None:
-            raise NotImplementedError("torch_native TARGET_VERIFY: a ragged verify with a tree mask")
-        lens = layout.verify_lens.to(device=forward_batch.seq_lens.device)
-        rows = verify_mask(lens.long() - 1, width).reshape(-1)
-        self._ragged_cache = (layout, rows)
-        return rows
 
 
 def _tree_mask(forward_batch, width):

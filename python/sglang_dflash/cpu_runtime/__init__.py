@@ -38,9 +38,8 @@ def cpu_env(base: dict | None = None) -> dict:
     env.setdefault("TORCHDYNAMO_DISABLE", "1")
     # torch's CPU allocator asks for transparent huge pages (madvise) for large
     # blocks: the KV pools and weights a decode step gathers from at random.
-    # Without them two identical servers on one 2-core host ran 5-10% apart
-    # for their whole life (decode steps 82-85 vs 92-94 ms at batch 60), with
-    # them within ~3% (benchmark/RESULTS.md, "CPU dtype and huge pages").
+    # Without them identical servers ran several percent apart for their whole
+    # life (docs/decisions.md).
     env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     return env
 

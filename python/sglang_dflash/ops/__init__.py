@@ -9,7 +9,7 @@
 Each pair has the same signature and the same result (the walk's q within
 1e-6), and neither draws random numbers, so either can be captured in a CUDA
 graph. The choice is made once per device type, at the first call, cached
-and logged once (style.md principles 8 and 12):
+and logged once (a kernel at the edge, chosen in one place, said in the log):
 
     * CPU (or any non-CUDA) tensors: the torch twin;
     * CUDA tensors: the Triton kernel if `import triton` works and the

@@ -6,7 +6,7 @@ norm(max(0, p_i - q_i)) over the FULL vocabulary, from p_i if that residual
 is empty; after S accepts emit the bonus from p_S), but the emitted token is
 drawn by inverse CDF from a caller-supplied uniform instead of
 `torch.multinomial`, so a step consumes no RNG state and can be captured in a
-CUDA graph (style.md principle 9).
+CUDA graph.
 
 Inverse CDF, for the unnormalized emit distribution w [V]:
 

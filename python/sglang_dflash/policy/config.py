@@ -9,6 +9,7 @@ is recorded in docs/decisions.md), but tests and experiments may pass a variant.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -88,7 +89,8 @@ class Tuning:
     probe_length: int = 1  # steps a probe runs (the worker uses 2 under the overlap scheduler)
     probe_backoff: int = 4  # the probe interval doubles after each quiet probe, up to this factor
     probe_share: float | None = 0.02  # a costly probe's extra time <= this share of the time between
-    early_probes: int = 3  # early on / off probes per batch-size bucket
+    early_on_probes: int = 3  # early W > 0 probes while off, per batch-size bucket
+    early_off_probes: int = 3  # early W = 0 probes while on, per batch-size bucket
     cold_hold: int = 16  # steps the cold start holds the widest width before a step is timed
     stale_off_weight: float = 1.5  # a W = 0 cost cell lighter than this is stale ...
     refresh_close: float = 0.30  # ... and re-measured if off is within this of the current width
@@ -102,11 +104,14 @@ class Tuning:
     trial_prior: bool = True  # a load's bias < 1 stays as a prior at the next load until measured
 
     def __post_init__(self) -> None:
-        require(is_real(self.urgent_margin) and self.urgent_margin > 0, "urgent_margin",
-                self.urgent_margin, "must be a number > 0")
-        for key in ("probe_width", "probe_length", "probe_backoff", "early_probes", "cold_hold"):
+        require(is_real(self.urgent_margin) and self.urgent_margin >= 0, "urgent_margin",
+                self.urgent_margin, "must be a number >= 0")
+        for key in ("probe_width", "probe_length", "probe_backoff", "cold_hold"):
             value = getattr(self, key)
             require(is_int(value) and value >= 1, key, value, "must be an int >= 1")
+        for key in ("early_on_probes", "early_off_probes"):
+            value = getattr(self, key)
+            require(is_int(value) and value >= 0, key, value, "must be an int >= 0")
         require(self.probe_share is None or (is_real(self.probe_share) and 0 < self.probe_share <= 1),
                 "probe_share", self.probe_share, "must be a number in (0, 1], or None")
         for key in ("min_weight", "cost_prior_weight", "stale_off_weight", "refresh_weight"):
@@ -123,3 +128,26 @@ class Tuning:
 
 
 TUNING = Tuning()
+
+
+def load_policy_config(raw: str | None, source: str) -> PolicyConfig:
+    """A `PolicyConfig` from inline JSON or a JSON file path (`raw`); None or
+    empty gives the default (adaptive). `source` names where it came from, for
+    errors (a flag or an environment variable)."""
+    raw = (raw or "").strip()
+    if not raw:
+        return PolicyConfig()
+    if not raw.startswith("{"):
+        try:
+            with open(raw) as f:
+                raw = f.read()
+        except OSError as e:
+            raise policy_error(f"{source}: cannot read {raw!r} ({e.strerror})") from None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise policy_error(f"{source}: not valid JSON ({e})") from None
+    try:
+        return PolicyConfig.from_dict(data)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{source}: {e}") from None

@@ -266,8 +266,8 @@ class SpeculationPolicy:
 
     def _off_refresh(self, batch_size: int, thr: list[float]) -> int | None:
         """While on, a W = 0 probe (two steps longer than a periodic one) in a
-        batch-size bucket where off was never timed (at most `early_probes` per
-        bucket) or its estimate has gone stale while the call is close; None if
+        batch-size bucket where off was never timed (at most `early_off_probes`
+        per bucket) or its estimate has gone stale while the call is close; None if
         neither. Why: until timed, W = 0 is predicted by the bucket's affine fit
         learned from wide steps only, which charges it their unexplained time.
         Only once the batch has settled in the bucket (not for one-step dips)."""
@@ -350,12 +350,12 @@ class SpeculationPolicy:
         """On, W = 0 a candidate, and no off step timed in this batch-size bucket yet."""
         return (self.width > 0 and self.widths[0] == 0 and self.cost is not None
                 and not self.cost.observed(batch_size, 0)
-                and self._early_off_probes.get(bucket_of(batch_size), 0) < self.tuning.early_probes)
+                and self._early_off_probes.get(bucket_of(batch_size), 0) < self.tuning.early_off_probes)
 
     def _early_on_probe(self, batch_size: int, thr: list[float]) -> int | None:
         """While off, a probe at the model's best W > 0 (two steps longer than a
         periodic one) once the batch settled in a bucket where no W > 0 step was
-        timed yet, at most `early_probes` per bucket; None otherwise. Why: there
+        timed yet, at most `early_on_probes` per bucket; None otherwise. Why: there
         W > 0 comes from the profile alone, and the periodic probes wait in
         proportion to its prediction, so a profile that overstates speculation's
         cost could keep it off for good."""
@@ -366,7 +366,7 @@ class SpeculationPolicy:
             return None
         bucket = bucket_of(batch_size)
         run = self._early_on_probes.get(bucket, 0)
-        if run >= self.tuning.early_probes or any(
+        if run >= self.tuning.early_on_probes or any(
                 self.cost.observed(batch_size, w) for w in self.widths if w > 0):
             return None
         self._early_on_probes[bucket] = run + 1

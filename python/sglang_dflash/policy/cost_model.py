@@ -93,60 +93,111 @@ WIDTH_SPREAD = 0.03
 
 
 class _AffineFit:
-    """Exponentially forgetting least squares of y = F + s * x for one batch-size bucket.
+    """Exponentially forgetting least squares of y = F + G * 1{W>0} + s * x for one bucket.
 
     x is the profiled step cost, y the measured one. F is what the profile
-    cannot see and every step pays regardless of width (scheduler, Python,
-    sampling, kernel launches); s scales the profiled compute. A ridge prior
-    of `prior_weight` pseudo-steps at s = 1 (at the bucket's typical x) makes a
-    bucket observed at one width only attribute the gap to F, i.e. assume the
-    profile's width-to-width differences are right; steps at several widths
-    (probes) let the data move s. A prior 20x weaker holds F toward `f0` (the
-    nearest other bucket's estimate).
+    cannot see and every step pays (scheduler, Python, sampling, launches); G
+    what only a speculative step pays beyond its profiled drafter (draft
+    launch, verify bookkeeping); s scales the profiled compute. Why G: a
+    speculation-only overhead fitted into F or s charged W = 0 for it too (on a
+    loaded GPU plain decoding looked 1.4x dearer than measured) and inflated
+    the wide widths. Each class of steps (W = 0, W > 0) forgets only by its own
+    steps, so a long stretch of one does not erase what the other measured.
+
+    Priors: s = 1 with `prior_weight` pseudo-steps (at the bucket's typical x),
+    so a bucket seen at one width keeps the profile's width-to-width
+    differences; G = `g0` (the nearest bucket's) with 1/20 of that, so one
+    step of each kind outweighs it; F = `f0` 100x weaker still. A bucket
+    without W = 0 steps thus puts the W > 0 gap in F (what a CPU server's
+    scheduler costs every width), one without W > 0 steps gives them G = g0.
     """
 
-    __slots__ = ("n", "sx", "sy", "sxx", "sxy", "sbs", "steps")
+    __slots__ = ("sums", "sbs", "nbs", "steps")
 
     def __init__(self) -> None:
-        self.n = self.sx = self.sy = self.sxx = self.sxy = self.sbs = 0.0
+        self.sums = [[0.0] * 5, [0.0] * 5]  # per class (W = 0, W > 0): n, sx, sy, sxx, sxy
+        self.sbs = self.nbs = 0.0
         self.steps = 0
 
-    def add(self, x: float, y: float, bs: int, keep: float) -> None:
-        self.n = self.n * keep + 1.0
-        self.sx = self.sx * keep + x
-        self.sy = self.sy * keep + y
-        self.sxx = self.sxx * keep + x * x
-        self.sxy = self.sxy * keep + x * y
+    def add(self, x: float, y: float, bs: int, keep: float, spec: bool) -> None:
+        s = self.sums[spec]
+        for i, v in enumerate((1.0, x, y, x * x, x * y)):
+            s[i] = s[i] * keep + v
+        self.nbs = self.nbs * keep + 1.0
         self.sbs = self.sbs * keep + bs
         self.steps += 1
 
-    def solve(self, prior_weight: float, f0: float) -> tuple[float, float]:
-        """(F, s) minimizing the forgetting squared error plus the priors,
-        constrained to F >= 0 and s >= MIN_SCALE: a step never costs less than
-        nothing, and an unconstrained fit of noisy steps at nearby widths can
-        tip F negative, after which predictions (and the outlier clip that is
-        relative to them) run away."""
-        xbar = self.sx / self.n
+    def cap(self, spec: bool, weight: float) -> None:
+        """Scale one class's sums down to at most `weight` steps."""
+        s = self.sums[spec]
+        if s[0] > weight:
+            k = weight / s[0]
+            s[:] = [v * k for v in s]
+
+    def solve(self, prior_weight: float, f0: float, g0: float) -> tuple[float, float, float]:
+        """(F, G, s) minimizing the forgetting squared error plus the priors,
+        constrained to F >= 0, F + G >= 0 and s >= MIN_SCALE: a step never
+        costs less than nothing, and an unconstrained fit of noisy steps at
+        nearby widths can tip F negative, after which predictions (and the
+        outlier clip that is relative to them) run away."""
+        (n0, sx0, sy0, sxx0, sxy0), (n1, sx1, sy1, sxx1, sxy1) = self.sums
+        xbar = (sx0 + sx1) / (n0 + n1)
+        kg = prior_weight / 20.0
+        kf = kg / 100.0
         ks = prior_weight * xbar * xbar
-        kf = prior_weight / 20.0  # weak: a fixed gap goes 95% to F, 5% to s
-        a00, a01, a11 = self.n + kf, self.sx, self.sxx + ks
-        b0, b1 = self.sy + kf * f0, self.sxy + ks
-        det = a00 * a11 - a01 * a01
-        f = (b0 * a11 - a01 * b1) / det
-        scale = (a00 * b1 - a01 * b0) / det
-        if f < 0.0:  # on the F = 0 boundary: scale alone
-            f, scale = 0.0, b1 / a11
-        if scale < MIN_SCALE:  # on the s = MIN_SCALE boundary: F alone
-            scale = MIN_SCALE
-            f = max((b0 - a01 * scale) / a00, 0.0)
-        return f, scale
+        # Normal equations in (F, H = F + G, s), whose bounds are F, H >= 0.
+        a = [[n0 + kf + kg, -kg, sx0], [-kg, n1 + kg, sx1], [sx0, sx1, sxx0 + sxx1 + ks]]
+        b = [sy0 + kf * f0 - kg * g0, sy1 + kg * g0, sxy0 + sxy1 + ks]
+        lower = (0.0, 0.0, MIN_SCALE)
+        theta = _solve(a, b)
+        if theta is not None and all(t >= lo for t, lo in zip(theta, lower)):
+            return theta[0], theta[1] - theta[0], theta[2]  # the usual case: no bound active
+        best, best_obj = None, math.inf
+        for fixed in range(1, 8):  # every active set: the feasible candidate of least cost wins
+            theta = [lower[i] if fixed >> i & 1 else 0.0 for i in range(3)]
+            free = [i for i in range(3) if not fixed >> i & 1]
+            if free:
+                sol = _solve([[a[i][j] for j in free] for i in free],
+                             [b[i] - sum(a[i][j] * theta[j] for j in range(3) if fixed >> j & 1)
+                              for i in free])
+                if sol is None:
+                    continue
+                for i, v in zip(free, sol):
+                    theta[i] = v
+            if any(theta[i] < lower[i] - 1e-15 for i in range(3)):
+                continue
+            obj = sum(theta[i] * (sum(a[i][j] * theta[j] for j in range(3)) - 2.0 * b[i])
+                      for i in range(3))
+            if obj < best_obj:
+                best, best_obj = theta, obj
+        f, h, scale = best
+        return f, h - f, scale
 
     def mean_bs(self) -> float:
-        return self.sbs / self.n
+        return self.sbs / self.nbs
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """x with a x = b by Gaussian elimination with partial pivoting (n <= 3); None if singular."""
+    n = len(b)
+    m = [row[:] + [v] for row, v in zip(a, b)]
+    for c in range(n):
+        p = max(range(c, n), key=lambda r: abs(m[r][c]))
+        if abs(m[p][c]) < 1e-300:
+            return None
+        m[c], m[p] = m[p], m[c]
+        for r in range(c + 1, n):
+            k = m[r][c] / m[c][c]
+            for j in range(c, n + 1):
+                m[r][j] -= k * m[c][j]
+    x = [0.0] * n
+    for c in range(n - 1, -1, -1):
+        x[c] = (m[c][n] - sum(m[c][j] * x[j] for j in range(c + 1, n))) / m[c][c]
+    return x
 
 
 class CostModel:
-    """Seconds of one decode step: t(bs, W) = F_b + s_b * [V(bs, W+1) + 1{W>0} D(bs)].
+    """Seconds of one decode step: t(bs, W) = F_b + 1{W>0} G_b + s_b * [V(bs, W+1) + 1{W>0} D(bs)].
 
     The bracket is the start-up profile (`base`):
     * V(bs, q), the target forward at q tokens per request, is a table
@@ -161,12 +212,13 @@ class CostModel:
       since it always drafts the full block), is a monotone piecewise-linear
       curve of the drafted samples' residuals seconds - V(bs, q), clamped >= 0.
 
-    (F_b, s_b) is learned online from measured step times, per batch-size
+    (F_b, G_b, s_b) is learned online from measured step times, per batch-size
     bucket b = `bucket_of(bs)` (`_AffineFit`): F_b is the per-step cost the
     profile does not see (on a CPU server the scheduler's own work is a large
-    share of a small model's step, and it does not grow with W), s_b corrects
+    share of a small model's step, and it does not grow with W), G_b what a
+    speculative step pays beyond that and its profiled drafter, s_b corrects
     the profiled compute. A bucket without observations borrows the nearest
-    observed bucket's (F, s), F scaled per request when it lies above it
+    observed bucket's (F, G, s), F scaled per request when it lies above it
     (`_borrowed`); with none at all the model is the profile.
     Each observed (bucket, W) cell also keeps its own measured / profiled
     factor, which dominates that cell's prediction after a few steps
@@ -204,7 +256,8 @@ class CostModel:
         self._base_cache: dict[tuple[int, int], float] = {}
         self.ema = float(ema)
         self._fits: dict[int, _AffineFit] = {}  # bucket -> fit
-        self._params: dict[int, tuple[float, float, bool]] = {}  # bucket -> (F, s, per request), cached
+        self._params: dict[int, tuple] = {}  # bucket -> (F, G, s, per request), cached
+        self._own: dict[int, tuple[float, float, float]] = {}  # bucket -> its own (F, G, s), cached
         # (bucket, W) -> [log residual, aged weight, step of the last sample, samples,
         #                 EW variance of the log samples around the residual]
         self._cells: dict[tuple[int, int], list[float]] = {}
@@ -271,32 +324,41 @@ class CostModel:
 
     def params(self, bs: int) -> tuple[float, float]:
         """(F seconds, scale s) of the online fit at this batch size."""
-        f, scale, per_request = self._bucket_params(bucket_of(bs))
-        return (f * bs if per_request else f), scale
+        f, _, scale = self._at(bs)
+        return f, scale
 
-    def _bucket_params(self, bucket: int) -> tuple[float, float, bool]:
-        """(F, s, per_request) of a bucket, cached; with per_request, F is
+    def spec_overhead(self, bs: int) -> float:
+        """G seconds: what a W > 0 step pays at this batch size beyond F and its profile."""
+        return self._at(bs)[1]
+
+    def _at(self, bs: int) -> tuple[float, float, float]:
+        f, g, scale, per_request = self._bucket_params(bucket_of(bs))
+        return (f * bs if per_request else f), g, scale
+
+    def _bucket_params(self, bucket: int) -> tuple[float, float, float, bool]:
+        """(F, G, s, per_request) of a bucket, cached; with per_request, F is
         seconds per request in the batch (borrowed upward, `_borrowed`)."""
         cached = self._params.get(bucket)
         if cached is not None:
             return cached
         if bucket in self._fits:
             near = self._nearest(bucket, exclude=bucket)
-            f0 = 0.0
-            if near is not None:  # the borrowed F at the bucket's smallest batch
-                f0, _, per_request = self._borrowed(bucket, near)
+            f0 = g0 = 0.0
+            if near is not None:  # the borrowed F at the bucket's smallest batch, and G
+                f0, g0, _, per_request = self._borrowed(bucket, near)
                 f0 *= bucket_range(bucket)[0] if per_request else 1
-            value = (*self._fits[bucket].solve(self.prior_weight, f0), False)
+            value = (*self._fits[bucket].solve(self.prior_weight, f0, g0), False)
         else:
             near = self._nearest(bucket)
-            value = self._borrowed(bucket, near) if near is not None else (0.0, 1.0, False)
+            value = self._borrowed(bucket, near) if near is not None else (0.0, 0.0, 1.0, False)
         self._params[bucket] = value
         return value
 
-    def _borrowed(self, bucket: int, near: int) -> tuple[float, float, bool]:
-        """The observed bucket `near`'s (F, s, per_request) for use at
+    def _borrowed(self, bucket: int, near: int) -> tuple[float, float, float, bool]:
+        """The observed bucket `near`'s (F, G, s, per_request) for use at
         `bucket`: above `near`, F per request of near's mean batch
-        (per_request = True); below it, F as it is.
+        (per_request = True); below it, F as it is. G, a per-step cost of
+        speculating (launches, bookkeeping), as it is.
 
         Why per request upward: most of what the profile (the dense layers)
         misses grows with the batch: the scheduler's per-request work, the
@@ -308,14 +370,17 @@ class CostModel:
         F stays: part of it is per step, and erring high on the cost of W = 0
         errs toward speculation, where a smaller batch leaves it room (and the
         bucket's own steps correct it within a few)."""
-        f, scale = self.params_of(near)
+        f, g, scale = self.params_of(near)
         if bucket <= near:
-            return f, scale, False
-        return f / self._fits[near].mean_bs(), scale, True
+            return f, g, scale, False
+        return f / self._fits[near].mean_bs(), g, scale, True
 
-    def params_of(self, bucket: int) -> tuple[float, float]:
-        """(F, s) solved from one observed bucket's own data alone (prior F = 0)."""
-        return self._fits[bucket].solve(self.prior_weight, 0.0)
+    def params_of(self, bucket: int) -> tuple[float, float, float]:
+        """(F, G, s) solved from one observed bucket's own data alone (priors F = G = 0), cached."""
+        own = self._own.get(bucket)
+        if own is None:
+            own = self._own[bucket] = self._fits[bucket].solve(self.prior_weight, 0.0, 0.0)
+        return own
 
     def observed(self, bs: int, width: int) -> bool:
         """Whether a step at this width was timed in bs's bucket."""
@@ -326,8 +391,8 @@ class CostModel:
         return self.predict(bs, width) / self.base(bs, width)
 
     def _affine(self, bs: int, width: int) -> float:
-        f, scale = self.params(bs)
-        return max(f + scale * self.base(bs, width), 1e-9)
+        f, g, scale = self._at(bs)
+        return max(f + (g if width > 0 else 0.0) + scale * self.base(bs, width), 1e-9)
 
     def predict(self, bs: int, width: int) -> float:
         """Predicted seconds of one step at batch size bs and verify width W.
@@ -428,18 +493,23 @@ class CostModel:
         fit = self._fits.get(bucket)
         if fit is None:
             fit = self._fits[bucket] = _AffineFit()
-        fit.add(base, base * math.exp(log_ratio), bs, self.keep)
+        fit.add(base, base * math.exp(log_ratio), bs, self.keep, width > 0)
         self._params.clear()  # neighbours borrow from this bucket
+        self._own.pop(bucket, None)
         self._shared_cache.clear()
 
     def forget(self, bs: int, width: int, weight: float) -> None:
         """Cap the aged weight of bs's (bucket, W) cell at `weight`, so its
         next samples move the estimate most of the way (a load's cost differs
         from another's at the same batch size: its contexts are longer or
-        shorter)."""
-        cell = self._cells.get((bucket_of(bs), width))
+        shorter); the fit's steps of that class likewise."""
+        bucket = bucket_of(bs)
+        cell = self._cells.get((bucket, width))
         if cell is not None:
             cell[1], cell[2] = min(self.cell_weight(bs, width), weight), self._step
+            self._fits[bucket].cap(width > 0, weight)
+            self._params.clear()
+            self._own.pop(bucket, None)
             self._shared_cache.clear()
 
     def cell_weight(self, bs: int, width: int) -> float:
@@ -463,10 +533,11 @@ class CostModel:
         buckets = {}
         for b in sorted(self._fits):
             lo, hi = bucket_range(b)
-            f, scale = self.params(lo)
+            f, g, scale = self._at(lo)
             fit = self._fits[b]
             buckets[f"bs{lo}-{hi}"] = {
-                "overhead_ms": round(f * 1e3, 3), "scale": round(scale, 4),
+                "overhead_ms": round(f * 1e3, 3), "spec_overhead_ms": round(g * 1e3, 3),
+                "scale": round(scale, 4),
                 "steps": fit.steps, "mean_bs": round(fit.mean_bs(), 1)}
         cells = {f"bucket{b}/w{w}": {"measured/profiled": round(math.exp(c[0]), 4), "steps": int(c[3]),
                                      "weight": round(c[1], 2)}

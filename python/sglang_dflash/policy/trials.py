@@ -196,13 +196,8 @@ class RegimeTrials:
         half is the baseline), then speculation for `steps`, measured as usual.
 
         Why: where the model's on/off ratio hovers around 1 within its own
-        noise (a W = 0 cost estimate moving 38-64 ms step to step, batches
-        crossing a cost bucket), the hysteresis still lets the regime switch
-        every few dozen steps, so no regime holds a trial's length and no
-        ordinary trial ever starts; in the serving grid one such cell
-        (code c32) ran at 0.43x the off server with speculation on 52% of
-        its steps (benchmark/RESULTS.md, grid-eos-trials-wide). A flap trial
-        makes its own baseline instead of waiting for one."""
+        noise, the regime switches every few dozen steps despite hysteresis,
+        so no ordinary trial ever finds a baseline; this one makes its own."""
         c = self.cfg
         start = step + c.steps
         self.trial = _Trial(True, start, start - c.steps // 2, step)

@@ -1,0 +1,74 @@
+"""The speculation policy through SGLang's own flags: `--speculative-adaptive-config PATH`
+configures it, `--speculative-adaptive` asks for adaptive, `SGLANG_DFLASH_POLICY` is an
+alias; a bad setting fails start-up naming the key."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from harness import PATHS, TARGET, Server, free_port
+from sglang_dflash import cpu_runtime
+
+
+def _launch(extra, env_policy=None):
+    env = {k: v for k, v in os.environ.items() if k != "SGLANG_DFLASH_POLICY"}
+    if env_policy is not None:
+        env["SGLANG_DFLASH_POLICY"] = env_policy
+    if not cpu_runtime.cuda_available():
+        env = cpu_runtime.cpu_env(env)
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", TARGET,
+           "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path",
+           PATHS["drafter-random"], "--device", "cpu", "--attention-backend", "torch_native",
+           "--disable-cuda-graph", "--port", str(free_port()), "--max-total-tokens", "4096", *extra]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _config(tmp_path, data):
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+@pytest.mark.parametrize("extra_config, adaptive, env, needle", [
+    ({"mode": "adaptive", "swich_margin": 0.1}, False, None, "unknown config key(s) ['swich_margin']"),
+    ({"switch_patience": 0}, False, None, "switch_patience = 0"),
+    ({"mode": "on"}, True, None, "--speculative-adaptive contradicts the policy's mode = 'on'"),
+    ({"mode": "on"}, False, '{"mode": "off"}', "both --speculative-adaptive-config and SGLANG_DFLASH_POLICY"),
+])
+def test_bad_policy_fails_startup_naming_the_problem(tmp_path, extra_config, adaptive, env, needle):
+    extra = ["--speculative-adaptive-config", _config(tmp_path, extra_config)]
+    if adaptive:
+        extra.append("--speculative-adaptive")
+    proc = _launch(extra, env_policy=env)
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    assert needle in output, output[-3000:]
+
+
+def test_bad_alias_fails_startup():
+    proc = _launch([], env_policy='{"mode": "sometimes"}')
+    assert proc.returncode != 0
+    assert "SGLANG_DFLASH_POLICY: speculation policy: mode = 'sometimes'" in proc.stdout + proc.stderr
+
+
+def test_config_file_reaches_the_worker(tmp_path, monkeypatch):
+    """A served config (fixed width 2, with --speculative-adaptive absent) is the
+    policy the worker runs; /get_server_info reports it."""
+    monkeypatch.delenv("SGLANG_DFLASH_POLICY", raising=False)
+    path = _config(tmp_path, {"mode": "fixed", "fixed_width": 2})
+    server = Server(["--model-path", TARGET, "--speculative-algorithm", "DFLASH",
+                     "--speculative-draft-model-path", PATHS["drafter-random"],
+                     "--speculative-adaptive-config", path, "--dtype", "float32"])
+    try:
+        reply = requests.post(server.url + "/generate", json={
+            "text": "hello", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}, timeout=120)
+        assert reply.status_code == 200, reply.text
+        info = requests.get(server.url + "/get_server_info", timeout=30).json()
+        policy = info["internal_states"][0]["dflash"]["policy"]
+        assert policy["mode"] == "fixed" and policy["width"] == 2, policy
+    finally:
+        server.stop()
