@@ -8,34 +8,70 @@ returns a frozen `DrafterConfig`. Every key read is validated; a failure raises
     drafter config: dflash_config.target_layer_ids[2] = 9 is out of range for a
     target with 4 layers
 
-Per-layer attention follows sglang 0.5.23 (`models/dflash.py`
-`_get_dflash_layer_attention_params`): with no `layer_types` every layer is
-non-causal (ENCODER_ONLY); a `"full_attention"` layer is non-causal unless
-`is_causal` is true; a `"sliding_attention"` layer is causal with the
-RadixAttention window `sliding_window - 1`, i.e. a query at position q sees keys
-at positions [q - (sliding_window - 1), q]. The result is stored per layer as
-`DrafterConfig.layer_causal` / `layer_window`.
+Keys are read with the meaning sglang 0.5.23 gives them once transformers has
+built its config object:
 
-Features this package does not implement (RoPE scaling, Gemma norms, attention
-sinks, Domino projectors, drafter embeddings) are rejected explicitly rather
-than ignored, and so are the attention-type combinations whose upstream meaning
-is ambiguous: `is_causal: true` without `layer_types` (sglang ignores it there,
-transformers-filled `layer_types` would honour it), `is_causal: false` with
-sliding layers (a non-causal window differs between sglang's attention
-backends) and `use_sliding_window: true` without `layer_types` (transformers
-would derive sliding layers from `max_window_layers`).
+* Per-layer attention (`models/dflash.py` `_get_dflash_layer_attention_params`):
+  a `"full_attention"` layer is non-causal unless `is_causal` is true; a
+  `"sliding_attention"` layer is causal unless `is_causal` is false, with the
+  window w = `sliding_window - 1`. A causal window shows a query at q the keys
+  in [q - w, q]; a non-causal one the keys in [q - w, q + w] (FlashAttention's
+  two-sided `window_size = (w, w)` and the z-lab reference; FlashInfer bounds
+  only the left side, which is the same whenever w >= block_size - 1, as in
+  every published drafter). With no `layer_types` at all every layer is
+  non-causal, except that Qwen2 / Qwen3 configs (`model_type` qwen2 / qwen3) get
+  the `layer_types` transformers fills in from `use_sliding_window` and
+  `max_window_layers`. Those config classes also drop `sliding_window` unless
+  `use_sliding_window` is true, and sglang then refuses sliding layers; so do we.
+* RoPE: `rope_parameters` (transformers 5, with `rope_theta` inside) or the
+  legacy `rope_scaling` + `rope_theta`; the scaling types sglang's `get_rope`
+  implements for a plain rotary head (linear, dynamic, yarn, llama3) are
+  parsed into `RopeScaling` with sglang's defaults for absent keys.
+* `num_target_layers` that disagrees with the target only warns (sglang
+  captures by the runtime target's depth), and `target_layer_ids` may reach
+  L - 1 (sglang's `resolve_target_layer_ids` bound).
+* No `mask_token_id`: parsing passes; `resolve_mask_token_id` finds it from
+  the target tokenizer at start-up.
+
+Features this package does not implement (Gemma norms, attention sinks,
+Domino projectors, drafter embeddings, partial / M-RoPE, other drafter
+architectures) are rejected explicitly rather than ignored, and so are the
+two attention combinations whose upstream meaning depends on the config
+class: `is_causal: true` or `use_sliding_window: true` without `layer_types`
+in a non-Qwen config.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sglang_dflash.checks import is_finite, is_int
 
-ARCHITECTURE_VERSIONS = {"DFlashDraftModel": 1, "DFlash2DraftModel": 2}
+logger = logging.getLogger(__name__)
+
+ARCHITECTURE_VERSIONS = {
+    "DFlashDraftModel": 1,
+    "DFlash2DraftModel": 2,
+    # Empty subclasses of DFlash2DraftModel in sglang 0.5.23 (same weights,
+    # config keys and forward); nothing else in sglang keys on these names.
+    "DFlash2BeamDraftModel": 2,
+    "MiniMaxDFlash2DraftModel": 2,
+}
+# Drafter classes sglang 0.5.23 registers (models/dflash.py EntryClass) whose
+# weights or semantics differ from DFlash / DFlash 2.
+UNSUPPORTED_ARCHITECTURES = {
+    "DFlashLagunaForCausalLM": "it adds per-layer attention gates (g_proj) and per-feature "
+                               "input norms (aux_hidden_norms)",
+    "MuseGlimmerAssistantModel": "its config class implies is_causal = false and no vocab_size, "
+                                 "and its target layer ids are renumbered for Muse targets",
+}
 DEFAULT_BLOCK_SIZE = 16  # sglang's default when the checkpoint names none
 DEFAULT_MASK_TOKEN = "<|MASK|>"
+ROPE_TYPES = ("linear", "dynamic", "yarn", "llama3")
+DTYPES = ("float32", "float16", "bfloat16")
 _PREFIX = "drafter config: "
 
 _MISSING = object()
@@ -43,6 +79,50 @@ _MISSING = object()
 
 def _fail(message: str) -> ValueError:
     return ValueError(_PREFIX + message)
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """A non-default RoPE frequency rule (model.py turns it into cos / sin).
+
+    Defaults are sglang 0.5.23's `get_rope` defaults for keys a config leaves
+    out. `original_max_position_embeddings` is resolved at parse time (sglang
+    uses `max_position_embeddings` when the key is absent).
+    """
+
+    rope_type: str  # one of ROPE_TYPES
+    factor: float = 1.0
+    alpha: float | None = None  # dynamic: the NTK-alpha variant (factor unused)
+    original_max_position_embeddings: int = 0  # yarn, llama3
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    extrapolation_factor: float = 1.0  # yarn
+    attn_factor: float = 1.0  # yarn: multiplies the magnitude scale
+    mscale: float | None = None  # yarn
+    mscale_all_dim: float | None = None  # yarn
+    truncate: bool = True  # yarn: round the correction range outwards
+
+    def __post_init__(self) -> None:
+        key = "rope_parameters."
+        _require(self.rope_type in ROPE_TYPES, key + "rope_type", self.rope_type,
+                 f"is not supported (one of {['default', *ROPE_TYPES]})")
+        for name in ("factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow",
+                     "attn_factor"):
+            _require(_is_positive(getattr(self, name)), key + name, getattr(self, name),
+                     "must be a number > 0")
+        _require(is_finite(self.extrapolation_factor), key + "extrapolation_factor",
+                 self.extrapolation_factor, "must be a finite number")
+        for name in ("alpha", "mscale", "mscale_all_dim"):
+            value = getattr(self, name)
+            _require(value is None or _is_positive(value), key + name, value,
+                     "must be a number > 0")
+        _require(isinstance(self.truncate, bool), key + "truncate", self.truncate, "must be a bool")
+        if self.rope_type in ("yarn", "llama3"):
+            orig = self.original_max_position_embeddings
+            _require(is_int(orig) and orig >= 1, key + "original_max_position_embeddings", orig,
+                     "must be an int >= 1")
 
 
 @dataclass(frozen=True)
@@ -67,7 +147,7 @@ class DrafterConfig:
     block_size: int
     target_layer_ids: tuple[int, ...]
     num_target_layers: int | None = None
-    mask_token_id: int | None = None
+    mask_token_id: int | None = None  # None: resolve_mask_token_id at start-up
     mask_token: str = DEFAULT_MASK_TOKEN
     conv_kernel_size: int = 0  # taps; 0 = no grouped convolution
     conv_group_size: int = 0  # channels per conv coefficient group
@@ -75,11 +155,15 @@ class DrafterConfig:
     selector_top_k: int = 0  # K
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
-    # Per draft layer: causal mask (k_pos <= q_pos) and window w (keys with
-    # k_pos >= q_pos - w; RadixAttention's sliding_window_size = sliding_window - 1;
-    # None = unbounded). None fills in all-non-causal, unwindowed layers.
+    # Per draft layer: causal mask (k_pos <= q_pos) and window w (None =
+    # unbounded; RadixAttention's sliding_window_size = sliding_window - 1):
+    # keys with k_pos >= q_pos - w, and also k_pos <= q_pos + w when the layer is
+    # non-causal. None fills in all-non-causal, unwindowed layers.
     layer_causal: tuple[bool, ...] | None = None
     layer_window: tuple[int | None, ...] | None = None
+    rope_scaling: RopeScaling | None = None  # None = plain RoPE at rope_theta
+    attention_bias: bool = False  # q/k/v/o projections carry biases
+    dtype: str | None = None  # the checkpoint's declared dtype (one of DTYPES)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_layer_ids", tuple(self.target_layer_ids))
@@ -134,6 +218,11 @@ def _check_backbone(c: DrafterConfig) -> None:
     _require(c.head_dim % 2 == 0, "head_dim", c.head_dim, "must be even (RoPE rotates halves)")
     _require(_is_positive(c.rms_norm_eps), "rms_norm_eps", c.rms_norm_eps, "must be a number > 0")
     _require(_is_positive(c.rope_theta), "rope_theta", c.rope_theta, "must be a number > 0")
+    _require(c.rope_scaling is None or isinstance(c.rope_scaling, RopeScaling), "rope_scaling",
+             c.rope_scaling, "must be None or a RopeScaling")
+    _require(isinstance(c.attention_bias, bool), "attention_bias", c.attention_bias,
+             "must be a bool")
+    _require(c.dtype is None or c.dtype in DTYPES, "dtype", c.dtype, f"must be one of {DTYPES}")
 
 
 def _fill_layer_attention(c: DrafterConfig) -> None:
@@ -148,12 +237,8 @@ def _fill_layer_attention(c: DrafterConfig) -> None:
     object.__setattr__(c, "layer_window", window)
     for i, (is_causal, w) in enumerate(zip(causal, window)):
         _require(isinstance(is_causal, bool), f"layer_causal[{i}]", is_causal, "must be a bool")
-        if w is None:
-            continue
-        _require(is_int(w) and w >= 0, f"layer_window[{i}]", w,
+        _require(w is None or (is_int(w) and w >= 0), f"layer_window[{i}]", w,
                  "must be None or an int >= 0 (sliding_window - 1)")
-        _require(is_causal, f"layer_window[{i}]", w,
-                 "needs layer_causal[i] = True (a non-causal window is not supported)")
 
 
 def _check_dflash(c: DrafterConfig) -> None:
@@ -217,12 +302,11 @@ def _check_target_layer_ids(ids: tuple, num_target_layers: int | None) -> None:
     for i, layer in enumerate(ids):
         _require(is_int(layer) and layer >= 0, f"{key}[{i}]", layer, "must be an int >= 0")
         if num_target_layers is not None:
-            # Id k is the state after target layer k; SGLang captures it at the
-            # input of layer k+1, so the last layer's output cannot be tapped.
-            _require(layer < num_target_layers - 1, f"{key}[{i}]", layer,
+            _require(layer < num_target_layers, f"{key}[{i}]", layer,
                      f"is out of range for a target with {num_target_layers} layers "
-                     f"(ids must be < {num_target_layers - 1}: the state after layer k is "
-                     "captured at the input of layer k+1)")
+                     f"(ids must be < {num_target_layers})")
+    # SGLang captures each target layer once: a repeated id yields fewer features than fc expects.
+    _require(len(set(ids)) == len(ids), key, list(ids), "must not repeat a layer")
 
 
 def _is_positive(value: Any) -> bool:
@@ -278,8 +362,11 @@ class _Reader:
             raise _fail(f"{key} = {value!r} must be an object")
         return value
 
+    def text_name(self, key: str) -> str:
+        return key if self.text is self.top else f"text_config.{key}"
+
     def text_key(self, key: str, default: Any = _MISSING) -> tuple[str, Any]:
-        name = key if self.text is self.top else f"text_config.{key}"
+        name = self.text_name(key)
         if key in self.text and self.text[key] is not None:
             return name, self.text[key]
         if default is _MISSING:
@@ -301,6 +388,12 @@ class _Reader:
             return key, self.top[key]
         return f"dflash_config.{key}", default
 
+    def model_type(self) -> Any:
+        """The backbone's model_type (the text section's, else the top level's)."""
+        if self.text is not self.top:
+            return self.text.get("model_type")
+        return self.top.get("model_type")
+
 
 def _as_int(name: str, value: Any) -> int:
     _require(is_int(value), name, value, "must be an int (not a bool or float)")
@@ -312,39 +405,129 @@ def _as_float(name: str, value: Any) -> float:
     return float(value)
 
 
+def _as_bool(name: str, value: Any) -> bool:
+    _require(isinstance(value, bool), name, value, "must be a bool")
+    return value
+
+
 def _parse_version(r: _Reader) -> int:
     arch = r.top.get("architectures")
     ok = isinstance(arch, list) and all(isinstance(a, str) for a in arch)
     _require(ok, "architectures", arch, "must be a list of strings")
+    for name in arch:
+        if name in UNSUPPORTED_ARCHITECTURES:
+            raise _fail(f"architectures = {arch!r}: {name} is a drafter SGLang 0.5.23 loads but "
+                        f"sglang-dflash does not support ({UNSUPPORTED_ARCHITECTURES[name]}); "
+                        "set SGLANG_DFLASH_UPSTREAM=1 to use SGLang's own DFLASH worker")
     known = [a for a in arch if a in ARCHITECTURE_VERSIONS]
     _require(len(known) == 1, "architectures", arch,
              f"must name exactly one of {sorted(ARCHITECTURE_VERSIONS)}")
     return ARCHITECTURE_VERSIONS[known[0]]
 
 
-def _parse_rope_theta(r: _Reader) -> float:
-    """`rope_theta`, or transformers 5's `rope_parameters.rope_theta`."""
-    for key in ("rope_scaling", "rope_parameters"):
-        name, params = r.text_key(key, default=None)
-        if params is None:
-            continue
-        _require(isinstance(params, dict), name, params, "must be an object")
-        kind = params.get("rope_type", params.get("type", "default"))
-        _require(kind == "default", f"{name}.rope_type", kind,
-                 "is not supported (only plain RoPE)")
-        if "rope_theta" in params and "rope_theta" not in r.text:
-            return _as_float(f"{name}.rope_theta", params["rope_theta"])
-    return _as_float(*r.text_key("rope_theta", default=10000.0))
+# ---- RoPE ------------------------------------------------------------------------
+
+# Keys that change sglang's rotary embedding in ways this drafter does not
+# implement (M-RoPE, Fourier RoPE, a narrower rotary width) or that transformers
+# and sglang read differently (`attention_factor`: transformers uses it, sglang
+# ignores it).
+_ROPE_REFUSED_KEYS = ("mrope_section", "mrope_interleaved", "use_fope", "video_rope",
+                      "rope_dim", "partial_rotary_factor", "attention_factor")
+_ROPE_NUMBER_KEYS = {
+    "linear": ("factor",),
+    "dynamic": ("factor", "alpha"),
+    "yarn": ("factor", "beta_fast", "beta_slow", "extrapolation_factor", "attn_factor",
+             "mscale", "mscale_all_dim"),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
+}
+
+
+def _rope_dict(r: _Reader) -> tuple[str, dict] | None:
+    """The rope dict transformers 5 builds: `rope_parameters`, else `rope_scaling`."""
+    found = []
+    for key in ("rope_parameters", "rope_scaling"):
+        name, value = r.text_key(key, default=None)
+        if value is not None:
+            _require(isinstance(value, dict), name, value, "must be an object")
+            found.append((name, value))
+    if len(found) == 2:
+        (p_name, params), (s_name, scaling) = found
+        same = all(params.get(k) == v for k, v in scaling.items()
+                   if k not in ("rope_theta", "type", "rope_type"))
+        _require(same and _rope_kind(p_name, params) == _rope_kind(s_name, scaling), s_name,
+                 scaling, f"disagrees with {p_name} = {params!r} (give one of them)")
+    return found[0] if found else None
+
+
+def _rope_kind(name: str, params: dict) -> str:
+    kind = params.get("rope_type", params.get("type"))
+    if kind is None:
+        _require(set(params) <= {"rope_theta"}, name, params, "needs a rope_type")
+        return "default"
+    return kind
+
+
+def _parse_rope(r: _Reader, head_dim: int, max_positions: int):
+    """(rope_theta, RopeScaling | None) as sglang's `get_rope_config` / `get_rope` read them.
+
+    `rope_parameters.rope_theta` wins over a top-level `rope_theta` (sglang
+    reads the dict first); plain RoPE is `rope_type: "default"` or no dict.
+    """
+    found = _rope_dict(r)
+    theta_name, theta = r.text_key("rope_theta", default=10000.0)
+    if found is None:
+        return _as_float(theta_name, theta), None
+    name, params = found
+    if params.get("rope_theta") is not None:
+        theta_name, theta = f"{name}.rope_theta", params["rope_theta"]
+    theta = _as_float(theta_name, theta)
+    for key in _ROPE_REFUSED_KEYS:
+        value = params.get(key)
+        harmless = value is None or value is False or (
+            key == "partial_rotary_factor" and value == 1.0) or (
+            key == "rope_dim" and value == head_dim)
+        _require(harmless, f"{name}.{key}", value, "is not supported by sglang-dflash")
+    kind = _rope_kind(name, params)
+    if kind == "default":
+        return theta, None
+    _require(kind in ROPE_TYPES, f"{name}.rope_type", kind,
+             f"is not supported (one of {['default', *ROPE_TYPES]})")
+    return theta, _rope_scaling(name, params, kind, max_positions)
+
+
+def _rope_scaling(name: str, params: dict, kind: str, max_positions: int) -> RopeScaling:
+    values: dict[str, Any] = {}
+    for key in _ROPE_NUMBER_KEYS[kind]:
+        if params.get(key) is not None:
+            values[key] = _as_float(f"{name}.{key}", params[key])
+    if not (kind == "dynamic" and "alpha" in values):
+        _require("factor" in values, f"{name}.factor", params.get("factor"),
+                 f"is required for rope_type {kind!r}")
+    if kind in ("yarn", "llama3"):
+        key = "original_max_position_embeddings"
+        orig = params.get(key)
+        values[key] = max_positions if orig is None else _as_int(f"{name}.{key}", orig)
+    if kind == "yarn" and params.get("truncate") is not None:
+        values["truncate"] = _as_bool(f"{name}.truncate", params["truncate"])
+    try:
+        return RopeScaling(rope_type=kind, **values)
+    except ValueError as exc:
+        raise _fail(str(exc).removeprefix(_PREFIX).replace("rope_parameters.", name + ".")) \
+            from None
+
+
+# ---- everything else -------------------------------------------------------------
 
 
 def _reject_unsupported(r: _Reader) -> None:
     """Refuse config features whose semantics this drafter does not implement."""
     name, act = r.text_key("hidden_act", default="silu")
     _require(act == "silu", name, act, 'is not supported (only "silu")')
-    name, bias = r.text_key("attention_bias", default=False)
-    _require(bias is False, name, bias, "must be false (biased projections are not supported)")
     name, factor = r.text_key("partial_rotary_factor", default=1.0)
     _require(factor == 1.0, name, factor, "must be 1.0 (partial RoPE is not supported)")
+    for key in ("rope_is_neox_style", "is_neox_style"):
+        name, neox = r.text_key(key, default=True)
+        _require(neox is True, name, neox, "must be true (only rotate-halves RoPE is supported)")
     for key in ("use_gemma_norm", "has_embed_tokens", "has_lm_head"):
         name, flag = r.text_key(key, default=False)
         _require(flag is False, name, flag, "must be false (not supported)")
@@ -356,6 +539,39 @@ def _reject_unsupported(r: _Reader) -> None:
 
 
 _LAYER_TYPES = ("full_attention", "sliding_attention")
+# Config classes whose __post_init__ drops `sliding_window` unless
+# `use_sliding_window` is true and fills `layer_types` from `max_window_layers`
+# (transformers' Qwen2Config / Qwen3Config; their defaults below).
+_QWEN_WINDOW_MODEL_TYPES = ("qwen2", "qwen3")
+_QWEN_DEFAULT_SLIDING_WINDOW = 4096
+_QWEN_DEFAULT_MAX_WINDOW_LAYERS = 28
+
+
+def _window_size(r: _Reader) -> tuple[str, int | None, str]:
+    """(key name, sliding_window as the config class keeps it, why it is None)."""
+    name, size = r.text_or_top_key("sliding_window")
+    if r.model_type() not in _QWEN_WINDOW_MODEL_TYPES:
+        return name, (None if size is None else _as_int(name, size)), ""
+    swa_name, swa = r.text_key("use_sliding_window", default=False)
+    if not _as_bool(swa_name, swa):
+        state = f"= {swa!r}" if "use_sliding_window" in r.text else "is absent"
+        return name, None, (f" ({swa_name} {state}: a {r.model_type()!r} config keeps "
+                            "sliding_window only when use_sliding_window is true)")
+    if "sliding_window" not in r.text and "sliding_window" not in r.top:
+        return name, _QWEN_DEFAULT_SLIDING_WINDOW, ""
+    return name, (None if size is None else _as_int(name, size)), ""
+
+
+def _layer_types(r: _Reader, num_layers: int, window: int | None):
+    """(key name, layer_types list or None) as sglang sees them."""
+    types_name, types = r.text_or_top_key("layer_types")
+    if types is not None or r.model_type() not in _QWEN_WINDOW_MODEL_TYPES:
+        return types_name, types
+    name, first = r.text_key("max_window_layers", default=_QWEN_DEFAULT_MAX_WINDOW_LAYERS)
+    first = _as_int(name, first)
+    derived = ["sliding_attention" if window is not None and i >= first else "full_attention"
+               for i in range(num_layers)]
+    return f"{types_name} (derived from max_window_layers = {first})", derived
 
 
 def _parse_attention_types(r: _Reader, num_layers: int):
@@ -367,15 +583,10 @@ def _parse_attention_types(r: _Reader, num_layers: int):
     causal_name, is_causal = r.text_key("is_causal", default=None)
     _require(is_causal is None or isinstance(is_causal, bool), causal_name, is_causal,
              "must be a bool")
-    types_name, types = r.text_or_top_key("layer_types")
+    window_name, size, dropped = _window_size(r)
+    types_name, types = _layer_types(r, num_layers, size)
     if types is None:
-        _require(is_causal is not True, causal_name, is_causal,
-                 "needs an explicit layer_types list (sglang 0.5.23 ignores is_causal when "
-                 "layer_types is absent, while transformers-filled layer_types honour it)")
-        name, swa = r.text_key("use_sliding_window", default=False)
-        _require(swa is False, name, swa,
-                 "needs an explicit layer_types list (transformers would derive sliding "
-                 "layers from max_window_layers)")
+        _refuse_ambiguous_without_layer_types(r, causal_name, is_causal)
         return (False,) * num_layers, (None,) * num_layers
     _require(isinstance(types, list) and len(types) == num_layers, types_name, types,
              f"must be a list with one entry per draft layer (num_hidden_layers = {num_layers})")
@@ -384,19 +595,23 @@ def _parse_attention_types(r: _Reader, num_layers: int):
                  f"is not a supported layer type (one of {list(_LAYER_TYPES)})")
     window = None
     if "sliding_attention" in types:
-        _require(is_causal is not False, causal_name, is_causal,
-                 "is not supported with sliding_attention layers (a non-causal sliding "
-                 "window means different masks on different sglang attention backends)")
-        name, size = r.text_or_top_key("sliding_window")
         if size is None:
-            raise _fail(f"sliding_window is required when {types_name} has "
-                        "sliding_attention layers")
-        size = _as_int(name, size)
-        _require(size >= 1, name, size, "must be an int >= 1")
+            raise _fail(f"{window_name} is required when {types_name} has sliding_attention "
+                        f"layers{dropped}")
+        _require(size >= 1, window_name, size, "must be an int >= 1")
         window = size - 1  # HF windows include the query token; sglang stores window_left
-    full_causal = bool(is_causal)
-    return (tuple(full_causal if t == "full_attention" else True for t in types),
+    return (tuple((t == "sliding_attention") if is_causal is None else is_causal for t in types),
             tuple(None if t == "full_attention" else window for t in types))
+
+
+def _refuse_ambiguous_without_layer_types(r: _Reader, causal_name: str, is_causal) -> None:
+    """Non-Qwen config, no layer_types: sglang ignores these keys, the author may not."""
+    _require(is_causal is not True, causal_name, is_causal,
+             "needs an explicit layer_types list (sglang 0.5.23 ignores is_causal when "
+             "layer_types is absent, while a config class that fills layer_types honours it)")
+    name, swa = r.text_key("use_sliding_window", default=False)
+    _require(swa is False, name, swa,
+             "needs an explicit layer_types list (sglang 0.5.23 ignores it without layer_types)")
 
 
 def _parse_layer_ids(r: _Reader, num_target_layers: int | None,
@@ -413,13 +628,28 @@ def _parse_layer_ids(r: _Reader, num_target_layers: int | None,
 
 
 def _resolve_target_layers(r: _Reader, target_num_layers: int | None) -> int | None:
+    """The target depth ids are checked against: the runtime target's when known.
+
+    A drafter trained for another depth only warns, as in sglang
+    (`spec_aux_hidden_state.py` `_resolve_dflash_aux_hidden_state`).
+    """
     name, declared = r.dflash_key("num_target_layers", default=None, top=True)
     if declared is not None:
         declared = _as_int(name, declared)
-        if target_num_layers is not None:
-            _require(declared == target_num_layers, name, declared,
-                     f"disagrees with the target, which has {target_num_layers} layers")
+        if target_num_layers is not None and declared != target_num_layers:
+            logger.warning("drafter config: %s = %d differs from the target's %d layers; "
+                           "using the target's depth", name, declared, target_num_layers)
     return target_num_layers if target_num_layers is not None else declared
+
+
+def _warn_last_layer_tap(cfg: DrafterConfig) -> None:
+    """SGLang targets capture layer k's output at layer k+1's input; most never
+    capture after their last layer, so a tap of it yields too few features."""
+    last = cfg.num_target_layers
+    if last is not None and last - 1 in cfg.target_layer_ids:
+        logger.warning("drafter config: dflash_config.target_layer_ids %s taps the target's last "
+                       "layer (%d); only target models that capture after their last layer "
+                       "provide it", list(cfg.target_layer_ids), last - 1)
 
 
 def _check_against_target(cfg: DrafterConfig, hidden: int | None, vocab: int | None) -> None:
@@ -439,6 +669,26 @@ def _parse_softcap(r: _Reader) -> float | None:
     return cap if cap > 0 else None  # sglang: <= 0 disables the softcap
 
 
+def _parse_dtype(r: _Reader) -> str | None:
+    """`dtype` (transformers 5), else the older `torch_dtype`."""
+    for key in ("dtype", "torch_dtype"):
+        name, value = r.text_or_top_key(key)
+        if value is not None:
+            _require(value in DTYPES, name, value, f"must be one of {list(DTYPES)}")
+            return value
+    return None
+
+
+def serving_dtype(cfg: DrafterConfig, server_dtype: str) -> str:
+    """The drafter's compute dtype as sglang picks a model's (`--dtype`):
+    an explicit value wins; "auto" takes the declared dtype, with float32 (or
+    none declared) served as float16 (`configs/model_config.py`
+    `_get_and_verify_dtype`)."""
+    if server_dtype != "auto":
+        return server_dtype
+    return "float16" if cfg.dtype in (None, "float32") else cfg.dtype
+
+
 def parse_drafter_config(
     hf_config: dict,
     *,
@@ -453,12 +703,14 @@ def parse_drafter_config(
             when present, else from the top level; DFlash keys from
             `dflash_config` (some with a top-level fallback, as in sglang).
         target_hidden_size / target_vocab_size / target_num_layers: the
-            target's values when known; the drafter must agree with them.
+            target's values when known; the drafter must agree with the first
+            two, and its layer ids must fit the third.
 
     Returns:
         DrafterConfig. Raises ValueError naming the key on any violation.
     """
     r = _Reader(hf_config)
+    version = _parse_version(r)
     ints = {k: _as_int(*r.text_key(k)) for k in (
         "hidden_size", "intermediate_size", "num_hidden_layers",
         "num_attention_heads", "vocab_size")}
@@ -472,16 +724,18 @@ def parse_drafter_config(
         head_dim = ints["hidden_size"] // heads
     head_dim = _as_int(name, head_dim)
     _reject_unsupported(r)
+    max_positions = _as_int(*r.text_key("max_position_embeddings", default=32768))
+    rope_theta, rope_scaling = _parse_rope(r, head_dim, max_positions)
     layer_causal, layer_window = _parse_attention_types(r, ints["num_hidden_layers"])
     num_target_layers = _resolve_target_layers(r, target_num_layers)
     cfg = DrafterConfig(
-        version=_parse_version(r),
+        version=version,
         **ints,
         num_key_value_heads=kv_heads,
         head_dim=head_dim,
         rms_norm_eps=_as_float(*r.text_key("rms_norm_eps", default=1e-6)),
-        rope_theta=_parse_rope_theta(r),
-        max_position_embeddings=_as_int(*r.text_key("max_position_embeddings", default=32768)),
+        rope_theta=rope_theta,
+        max_position_embeddings=max_positions,
         block_size=_as_int(*r.dflash_key("block_size", DEFAULT_BLOCK_SIZE, top=True)),
         target_layer_ids=_parse_layer_ids(r, num_target_layers, ints["num_hidden_layers"]),
         num_target_layers=num_target_layers,
@@ -495,10 +749,91 @@ def parse_drafter_config(
         final_logit_softcapping=_parse_softcap(r),
         layer_causal=layer_causal,
         layer_window=layer_window,
+        rope_scaling=rope_scaling,
+        attention_bias=_as_bool(*r.text_key("attention_bias", default=False)),
+        dtype=_parse_dtype(r),
     )
     _check_against_target(cfg, target_hidden_size, target_vocab_size)
+    _warn_last_layer_tap(cfg)
     return cfg
 
 
 def _optional_int(name: str, value: Any) -> int | None:
     return None if value is None else _as_int(name, value)
+
+
+# ---------------------------------------------------------------------------
+# Mask token id from the target tokenizer
+# ---------------------------------------------------------------------------
+
+
+def resolve_mask_token_id(cfg: DrafterConfig, tokenizer_or_vocab: Any,
+                          target_vocab_size: int) -> int:
+    """The block's mask token id, found the way sglang 0.5.23's worker finds it.
+
+    Order (`dflash_worker_v2.py` `_resolve_mask_token_id`): the config's
+    `mask_token_id` (refused if the tokenizer maps `mask_token` to another id),
+    then the tokenizer's own `mask_token` when it is the drafter's `mask_token`,
+    then a vocabulary lookup of `mask_token`. Unlike upstream, a token the
+    tokenizer lacks is never added: the drafter must name an existing id.
+
+    Args:
+        cfg: the parsed drafter config.
+        tokenizer_or_vocab: the target tokenizer (`get_vocab()`, optionally
+            `mask_token` / `mask_token_id`), a {token: id} mapping, or None.
+        target_vocab_size: rows of the target embedding; the id must be below.
+
+    Raises:
+        ValueError naming the key when no id is found or it is out of range.
+    """
+    vocab = _vocab_of(tokenizer_or_vocab)
+    token = cfg.mask_token
+    if cfg.mask_token_id is not None:
+        found = None if vocab is None else vocab.get(token)
+        _require(found is None or int(found) == cfg.mask_token_id, "dflash_config.mask_token_id",
+                 cfg.mask_token_id, f"conflicts with the tokenizer, which maps mask_token "
+                 f"{token!r} to {found}")
+        return _check_mask_id("dflash_config.mask_token_id", cfg.mask_token_id, target_vocab_size)
+    if tokenizer_or_vocab is None:
+        raise _fail("dflash_config.mask_token_id is not set and there is no tokenizer to look "
+                    f"mask_token {token!r} up in (set mask_token_id, or do not skip the "
+                    "tokenizer)")
+    resolved = None
+    if getattr(tokenizer_or_vocab, "mask_token", None) == token:
+        resolved = getattr(tokenizer_or_vocab, "mask_token_id", None)
+    if resolved is None and vocab is not None:
+        resolved = vocab.get(token)
+    if resolved is None:
+        raise _fail(f"dflash_config.mask_token_id is not set and the target tokenizer has no "
+                    f"token {token!r} (neither its mask_token nor in its vocabulary); "
+                    f"sglang-dflash does not add tokens{_added_id_hint(tokenizer_or_vocab)}: set "
+                    "dflash_config.mask_token_id to the id the drafter was trained with")
+    return _check_mask_id(f"mask_token {token!r}", int(resolved), target_vocab_size)
+
+
+def _vocab_of(tokenizer_or_vocab: Any) -> Mapping | None:
+    if tokenizer_or_vocab is None:
+        return None
+    if isinstance(tokenizer_or_vocab, Mapping):
+        return tokenizer_or_vocab
+    get_vocab = getattr(tokenizer_or_vocab, "get_vocab", None)
+    if not callable(get_vocab):
+        raise _fail(f"cannot read a vocabulary from {type(tokenizer_or_vocab).__name__} "
+                    "(expected a tokenizer with get_vocab() or a mapping)")
+    return get_vocab()
+
+
+def _added_id_hint(tokenizer: Any) -> str:
+    """The id SGLang would give the token by adding it (the next free id)."""
+    try:
+        return f" (SGLang would add it as id {len(tokenizer)})" \
+            if not isinstance(tokenizer, Mapping) else ""
+    except TypeError:
+        return ""
+
+
+def _check_mask_id(name: str, mask_id: int, target_vocab_size: int) -> int:
+    _require(is_int(mask_id) and 0 <= mask_id < target_vocab_size, name, mask_id,
+             f"is outside the target vocabulary [0, {target_vocab_size}) (the target "
+             "embedding is not resized)")
+    return int(mask_id)

@@ -11,18 +11,23 @@ and each block query attends to the valid context keys and to the keys of its
 own block. By default (every published DFlash v1 drafter) the attention is
 non-causal: a query sees every valid context key and every key of its block.
 A layer may instead be causal (`cfg.layer_causal[i]`: keys with k_pos <= q_pos)
-and windowed (`cfg.layer_window[i]` = w: keys with k_pos >= q_pos - w), as
-sglang resolves `layer_types` / `sliding_window` / `is_causal` (config.py).
-Context key column j is at position j (callers gather context in position
-order); block keys are at `block_positions`. Context features never run
-through the layers as tokens; the caller caches `context_kv` and passes it to
-`forward_block`.
+and windowed (`cfg.layer_window[i]` = w: keys with k_pos >= q_pos - w, and,
+in a non-causal layer such as the published DFlash 2 drafters', also
+k_pos <= q_pos + w), as sglang resolves `layer_types` / `sliding_window` /
+`is_causal` (config.py). Context key column j is at position j (callers gather
+context in position order); block keys are at `block_positions`. Context
+features never run through the layers as tokens; the caller caches
+`context_kv` and passes it to `forward_block`.
+
+RoPE is rotate-halves at `cfg.rope_theta`, optionally with one of the
+frequency rules of sglang's `get_rope` (`cfg.rope_scaling`: linear, dynamic,
+yarn, llama3); q/k/v/o carry biases when `cfg.attention_bias`.
 
 DFlash 2 adds a grouped two-tap dynamic convolution around each attention and
 MLP sublayer (`GroupedConv`) and owns the candidate-selector parameters
 (`CandidateSelector`; the scoring lives in select.py).
 
-Parameter names equal the published checkpoint names (sglang-0.5.23 §8), so
+Parameter names equal the published checkpoint names (docs/design.md §9), so
 `DFlashDrafter(cfg).state_dict()` can be saved and loaded as is.
 """
 
@@ -36,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import DrafterConfig
+from .config import DrafterConfig, RopeScaling
 
 
 class RMSNorm(nn.Module):
@@ -59,20 +64,102 @@ def _upcast(x: torch.Tensor) -> torch.Tensor:
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
-                 dtype: torch.dtype = torch.float32):
-    """Neox-style (rotate-halves) RoPE tables, as HF Qwen3 builds them.
+                 dtype: torch.dtype = torch.float32, scaling: RopeScaling | None = None):
+    """Neox-style (rotate-halves) RoPE tables, as HF Qwen3 / sglang build them.
 
     Args:
         positions: [...] int64 absolute positions.
         dtype: float32 (the served math); float64 only for exact tests.
+        scaling: a non-default frequency rule (None = plain RoPE at `theta`).
     Returns:
-        cos, sin: [..., head_dim] in `dtype`.
+        cos, sin: [..., head_dim] in `dtype` (yarn scales both by its magnitude factor).
     """
-    exponents = torch.arange(0, head_dim, 2, dtype=dtype, device=positions.device)
-    inv_freq = 1.0 / (theta ** (exponents / head_dim))  # [head_dim / 2]
-    freqs = positions.to(dtype).unsqueeze(-1) * inv_freq  # [..., head_dim / 2]
+    inv_freq = rope_inv_freq(head_dim, theta, scaling, dtype, positions.device)
+    pos = positions.to(dtype)
+    if scaling is not None and scaling.rope_type == "linear":
+        pos = pos / scaling.factor  # sglang divides positions, not frequencies
+    freqs = pos.unsqueeze(-1) * inv_freq  # [..., head_dim / 2]
     emb = torch.cat((freqs, freqs), dim=-1)  # [..., head_dim]
-    return emb.cos(), emb.sin()
+    factor = rope_magnitude(scaling)
+    if factor == 1.0:
+        return emb.cos(), emb.sin()
+    return emb.cos() * factor, emb.sin() * factor
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = None,
+                  dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+    """[head_dim / 2] rotation frequencies; sglang 0.5.23's formulas per rope type
+    (`layers/rotary_embedding`: base, rope_variant, yarn)."""
+    kind = None if scaling is None else scaling.rope_type
+    if kind == "dynamic":
+        theta = _dynamic_ntk_theta(theta, head_dim, scaling)
+    exponents = torch.arange(0, head_dim, 2, dtype=dtype, device=device)
+    inv_freq = 1.0 / (theta ** (exponents / head_dim))
+    if kind == "llama3":
+        return _llama3_inv_freq(inv_freq, scaling)
+    if kind == "yarn":
+        return _yarn_inv_freq(inv_freq, head_dim, theta, scaling)
+    return inv_freq
+
+
+def rope_magnitude(scaling: RopeScaling | None) -> float:
+    """The factor yarn multiplies cos and sin by (1.0 for every other rule)."""
+    if scaling is None or scaling.rope_type != "yarn":
+        return 1.0
+    if scaling.mscale is not None and scaling.mscale_all_dim is not None:
+        scale = (_yarn_mscale(scaling.factor, scaling.mscale)
+                 / _yarn_mscale(scaling.factor, scaling.mscale_all_dim))
+    else:
+        scale = _yarn_mscale(scaling.factor, 1.0)
+    return float(scale * scaling.attn_factor)
+
+
+def _dynamic_ntk_theta(theta: float, head_dim: int, scaling: RopeScaling) -> float:
+    """sglang's static NTK base: alpha form, else factor f -> f^2 - f + 1 (not HF's
+    position-dependent "dynamic": sglang builds one table for every position)."""
+    exponent = head_dim / (head_dim - 2)
+    if scaling.alpha is not None:
+        return theta * scaling.alpha ** exponent
+    f = scaling.factor
+    return theta * (f * f - (f - 1)) ** exponent
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
+    """Keep short wavelengths, divide long ones by `factor`, blend in between."""
+    orig = s.original_max_position_embeddings
+    wave_len = 2 * math.pi / inv_freq
+    if s.low_freq_factor != s.high_freq_factor:
+        smooth = (orig / wave_len - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    else:
+        smooth = torch.zeros_like(inv_freq)
+    blended = (1 - smooth) * inv_freq / s.factor + smooth * inv_freq
+    long = torch.where(wave_len > orig / s.low_freq_factor, inv_freq / s.factor, blended)
+    return torch.where(wave_len < orig / s.high_freq_factor, inv_freq, long)
+
+
+def _yarn_inv_freq(inv_freq: torch.Tensor, head_dim: int, theta: float,
+                   s: RopeScaling) -> torch.Tensor:
+    """Interpolate low frequencies by `factor`, keep high ones, ramp between the
+    dims that turn beta_fast and beta_slow times over the original context."""
+    low = _yarn_correction_dim(s.beta_fast, head_dim, theta, s.original_max_position_embeddings)
+    high = _yarn_correction_dim(s.beta_slow, head_dim, theta, s.original_max_position_embeddings)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # avoid a zero-width ramp
+    dims = torch.arange(head_dim // 2, dtype=inv_freq.dtype, device=inv_freq.device)
+    ramp = ((dims - low) / (high - low)).clamp(0, 1)
+    keep = (1 - ramp) * s.extrapolation_factor  # 1 = extrapolate (keep the frequency)
+    return inv_freq / s.factor * (1 - keep) + inv_freq * keep
+
+
+def _yarn_correction_dim(rotations: float, head_dim: int, theta: float, max_pos: int) -> float:
+    return head_dim * math.log(max_pos / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+
+def _yarn_mscale(factor: float, mscale: float) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -138,7 +225,8 @@ class Attention(nn.Module):
     """GQA attention of block queries over [context, block] keys.
 
     `causal`: keys with k_pos <= q_pos only; `window` w: keys with
-    k_pos >= q_pos - w only (None = unbounded). Both off = non-causal.
+    k_pos >= q_pos - w only, and k_pos <= q_pos + w too when not causal
+    (None = unbounded). Both off = non-causal.
     """
 
     def __init__(self, cfg: DrafterConfig, causal: bool = False, window: int | None = None):
@@ -147,11 +235,12 @@ class Attention(nn.Module):
         h, d = cfg.hidden_size, cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = (
             cfg.num_attention_heads, cfg.num_key_value_heads, d)
-        self.rope_theta = cfg.rope_theta
-        self.q_proj = nn.Linear(h, self.num_heads * d, bias=False)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
+        self.rope_theta, self.rope_scaling = cfg.rope_theta, cfg.rope_scaling
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(h, self.num_heads * d, bias=bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=bias)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
@@ -159,14 +248,17 @@ class Attention(nn.Module):
         """x [..., S, H], positions [..., S] -> k, v [..., S, kv_heads, head_dim]."""
         k = self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
         v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
-        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, _upcast(k).dtype)
+        cos, sin = self._rope(positions, _upcast(k).dtype)
         return apply_rope(self.k_norm(k), cos, sin), v
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
+        return rope_cos_sin(positions, self.head_dim, self.rope_theta, dtype, self.rope_scaling)
 
     def forward(self, x, positions, ctx_k, ctx_v, ctx_valid) -> torch.Tensor:
         """x [bs, B, H], positions [bs, B]; ctx_k/v [bs, L, kvh, d]; ctx_valid [bs, L]."""
         bs, block, _ = x.shape
         q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))
-        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, _upcast(q).dtype)
+        cos, sin = self._rope(positions, _upcast(q).dtype)
         q = apply_rope(self.q_norm(q), cos, sin)  # [bs, B, nh, d]
         k, v = self.key_value(x, positions)  # [bs, B, kvh, d]
         k = torch.cat((ctx_k.to(k.dtype), k), dim=1)  # [bs, L + B, kvh, d]
@@ -186,7 +278,8 @@ class Attention(nn.Module):
 def attention_mask(valid, query_positions, key_positions, *, causal: bool,
                    window: int | None) -> torch.Tensor:
     """Per-query visibility [bs, B, S]: key j is seen by query i iff valid[j] and,
-    when causal, k_pos <= q_pos and, when windowed, k_pos >= q_pos - window.
+    when causal, k_pos <= q_pos and, when windowed, k_pos >= q_pos - window
+    (and k_pos <= q_pos + window if not causal: a two-sided window).
 
     Args:
         valid: [bs, S] bool; query_positions: [bs, B]; key_positions: [bs, S] int64.
@@ -197,6 +290,8 @@ def attention_mask(valid, query_positions, key_positions, *, causal: bool,
         mask = mask & (k_pos <= q_pos)
     if window is not None:
         mask = mask & (k_pos >= q_pos - window)
+        if not causal:
+            mask = mask & (k_pos <= q_pos + window)
     return mask.expand(-1, query_positions.shape[1], -1)
 
 
@@ -297,6 +392,12 @@ class DFlashDrafter(nn.Module):
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self.candidate_selector = (
             CandidateSelector(h, cfg.vocab_size, cfg.selector_rank) if cfg.has_selector else None)
+        # A trained [H] embedding for the mask token, from `mask_embedding.pt`
+        # beside the checkpoint (checkpoint.load_drafter sets it): the caller writes
+        # it over the target embedding's row `mask_embedding_token_id`. A buffer so
+        # that .to() moves it, non-persistent so that it is not a weight.
+        self.register_buffer("mask_embedding", None, persistent=False)
+        self.mask_embedding_token_id: int | None = None
 
     def context_features(self, target_hidden: torch.Tensor) -> torch.Tensor:
         """[N, n*H] concatenated target layer outputs -> [N, H] context features."""

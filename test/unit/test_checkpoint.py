@@ -13,7 +13,12 @@ try:
 except ImportError:  # running from a checkout without an installed package
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 
-from sglang_dflash.checkpoint import load_drafter, save_drafter  # noqa: E402
+from sglang_dflash.checkpoint import (  # noqa: E402
+    load_drafter,
+    load_state_strict,
+    mask_embedding_for,
+    save_drafter,
+)
 from sglang_dflash.config import parse_drafter_config  # noqa: E402
 from sglang_dflash.model import DFlashDrafter  # noqa: E402
 
@@ -116,10 +121,128 @@ def test_missing_weight(tmp_path):
                  "candidate_selector.successor_codebook")
 
 
-def test_unexpected_weight(tmp_path):
+def test_extra_tensors_are_ignored_with_a_warning(tmp_path, caplog):
+    """sglang's load_weights skips names it has no parameter for (HF rotary
+    caches, a copy of the target's embedding or head); so do we, saying so."""
+    model, path = saved(tmp_path)
+    extras = {"lm_head.weight": torch.zeros(96, 32),
+              "model.embed_tokens.weight": torch.zeros(96, 32),
+              "layers.0.self_attn.rotary_emb.inv_freq": torch.ones(4),
+              "layers.1.self_attn.q_proj.bias": torch.zeros(32)}
+    rewrite_weights(path, lambda w: w.update(extras))
+    with caplog.at_level("WARNING", logger="sglang_dflash.checkpoint"):
+        loaded = load_drafter(path, **TARGET)
+    for name in ("lm_head.weight", "embed_tokens.weight", "rotary_emb.inv_freq", "q_proj.bias"):
+        assert name in caplog.text, (name, caplog.text)
+    assert "ignoring 4 tensors" in caplog.text
+    with torch.no_grad():
+        assert torch.equal(block_outputs(loaded), block_outputs(model))
+
+
+def test_extra_tensors_are_listed_when_a_weight_is_missing(tmp_path):
     _, path = saved(tmp_path)
-    rewrite_weights(path, lambda w: w.update({"lm_head.weight": torch.zeros(96, 32)}))
-    expect_error(path, "unexpected weights", "lm_head.weight")
+    rewrite_weights(path, lambda w: [w.update({"lm_head.weight": torch.zeros(96, 32)}),
+                                     w.pop("norm.weight")])
+    expect_error(path, "missing weights ['norm.weight']", "unexpected weights ['lm_head.weight']")
+
+
+def test_domino_projector_weights_are_refused(tmp_path):
+    _, path = saved(tmp_path)
+    rewrite_weights(path, lambda w: w.update({"prefix_gru.weight_ih_l0": torch.zeros(4, 32)}))
+    expect_error(path, "Domino projector weights", "prefix_gru.weight_ih_l0")
+
+
+def test_native_export_aliases(tmp_path):
+    model, path = saved(tmp_path)
+    rewrite_weights(path, lambda w: w.update({
+        "encoder.fc.weight": w.pop("fc.weight"),
+        "encoder.output_norm_enc.weight": w.pop("hidden_norm.weight")}))
+    loaded = load_drafter(path, **TARGET)
+    assert torch.equal(loaded.fc.weight, model.fc.weight)
+    assert torch.equal(loaded.hidden_norm.weight, model.hidden_norm.weight)
+
+
+def test_extra_tensors_ignored_by_load_state_strict(caplog):
+    model = DFlashDrafter(parse_drafter_config(cfg_dict()))
+    pairs = [(n, t.clone()) for n, t in model.state_dict().items()]
+    pairs.append(("rotary_emb.inv_freq", torch.ones(4)))
+    target = DFlashDrafter(parse_drafter_config(cfg_dict()))
+    with caplog.at_level("WARNING", logger="sglang_dflash.checkpoint"):
+        load_state_strict(target, pairs, origin="DFlashDraftModel")
+    assert "DFlashDraftModel" in caplog.text and "rotary_emb.inv_freq" in caplog.text
+    with pytest.raises(ValueError, match=r"for DFlashDraftModel: missing weights \['fc.weight'\]"):
+        load_state_strict(target, [p for p in pairs if p[0] != "fc.weight"],
+                          origin="DFlashDraftModel")
+
+
+def test_attention_bias_weights(tmp_path):
+    raw = cfg_dict()
+    raw["attention_bias"] = True
+    torch.manual_seed(0)
+    model = DFlashDrafter(parse_drafter_config(raw))
+    assert model.layers[0].self_attn.o_proj.bias is not None
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    save_drafter(model, raw, tmp_path)
+    loaded = load_drafter(tmp_path, **TARGET)
+    with torch.no_grad():
+        assert torch.equal(block_outputs(loaded), block_outputs(model))
+    rewrite_weights(tmp_path, lambda w: w.pop("layers.1.self_attn.v_proj.bias"))
+    expect_error(tmp_path, "missing weights", "layers.1.self_attn.v_proj.bias")
+
+
+# ---------------------------------------------------------------------------
+# mask_embedding.pt
+# ---------------------------------------------------------------------------
+
+
+def write_mask_embedding(path, **saved):
+    torch.save(saved, path / "mask_embedding.pt")
+
+
+def test_mask_embedding_is_loaded_and_exposed(tmp_path):
+    _, path = saved(tmp_path)
+    assert load_drafter(path, **TARGET).mask_embedding is None
+    emb = torch.randn(32)
+    write_mask_embedding(path, embedding=emb, mask_token_id=95)
+    loaded = load_drafter(path, **TARGET, dtype=torch.bfloat16)
+    assert loaded.mask_embedding_token_id == 95
+    assert loaded.mask_embedding.dtype == torch.bfloat16  # cast with the weights
+    assert torch.equal(loaded.mask_embedding, emb.to(torch.bfloat16))
+    assert "mask_embedding" not in loaded.state_dict()  # not a weight
+    assert torch.equal(mask_embedding_for(loaded, 95), loaded.mask_embedding)
+    with pytest.raises(ValueError, match="mask_token_id = 95.*resolved mask token id is 7"):
+        mask_embedding_for(loaded, 7)
+    # save_drafter writes it back.
+    save_drafter(loaded.float(), cfg_dict(), tmp_path / "again")
+    again = load_drafter(tmp_path / "again", **TARGET)
+    assert again.mask_embedding_token_id == 95
+
+
+def test_mask_embedding_without_config_mask_id(tmp_path):
+    raw = cfg_dict()
+    del raw["dflash_config"]["mask_token_id"]
+    model = DFlashDrafter(parse_drafter_config(raw))
+    save_drafter(model, raw, tmp_path)
+    write_mask_embedding(tmp_path, embedding=torch.ones(32), mask_token_id=torch.tensor(40))
+    loaded = load_drafter(tmp_path, **TARGET)
+    assert loaded.cfg.mask_token_id is None and loaded.mask_embedding_token_id == 40
+    assert mask_embedding_for(loaded, 40) is not None
+
+
+@pytest.mark.parametrize("saved_dict,words", [
+    (dict(embedding=torch.ones(32), mask_token_id=7), ["mask_token_id = 7", "differs", "95"]),
+    (dict(embedding=torch.ones(1, 32), mask_token_id=95), ["shape [1, 32]", "expected [32]"]),
+    (dict(embedding=torch.ones(32), mask_token_id=95, per_position=True), ["per_position"]),
+    (dict(embedding=torch.full((32,), float("nan")), mask_token_id=95), ["non-finite"]),
+    (dict(embedding=torch.ones(32)), ["'mask_token_id'"]),
+    (dict(embedding=torch.ones(32), mask_token_id=500), ["mask_token_id = 500"]),
+])
+def test_bad_mask_embedding(tmp_path, saved_dict, words):
+    _, path = saved(tmp_path)
+    write_mask_embedding(path, **saved_dict)
+    expect_error(path, "mask_embedding.pt", *words)
 
 
 def test_misnamed_weight(tmp_path):
@@ -194,7 +317,7 @@ ASSETS = Path(sys.modules["sglang_dflash"].__file__).resolve().parent / "assets"
                                           ("drafter-trained", 1)])
 def test_bundled_tiny_drafters_load(name, version):
     if not (ASSETS / name / "config.json").is_file():
-        pytest.skip(f"{ASSETS / name} not built (python -m sglang_dflash.tiny_models)")
+        pytest.skip(f"{ASSETS / name} not built (python -m sglang_dflash.tools.tiny_models)")
     target = json.loads((ASSETS / "target" / "config.json").read_text())
     model = load_drafter(ASSETS / name, target_hidden_size=target["hidden_size"],
                          target_vocab_size=target["vocab_size"],

@@ -13,8 +13,11 @@ except ImportError:  # running from a checkout without an installed package
 
 from sglang_dflash.config import (  # noqa: E402
     DrafterConfig,
+    RopeScaling,
     build_target_layer_ids,
     parse_drafter_config,
+    resolve_mask_token_id,
+    serving_dtype,
 )
 
 TARGET = dict(target_hidden_size=64, target_vocab_size=1024, target_num_layers=4)
@@ -123,13 +126,19 @@ def _set(path, value):
 
 _DELETE = object()
 
+
+def _all(*mutators):
+    def mutate(cfg):
+        for m in mutators:
+            m(cfg)
+    return mutate
+
 INVALID = [
     # (mutator, target kwargs, words the message must contain)
     (_set("dflash_config.target_layer_ids", [1, 2, 9]), TARGET,
      ["dflash_config.target_layer_ids[2] = 9", "out of range", "4 layers"]),
-    # The last layer's output is never captured by sglang (it reads layer k at layer k+1).
-    (_set("dflash_config.target_layer_ids", [1, 3]), TARGET,
-     ["dflash_config.target_layer_ids[1] = 3", "out of range", "4 layers"]),
+    (_set("dflash_config.target_layer_ids", [1, 4]), TARGET,
+     ["dflash_config.target_layer_ids[1] = 4", "out of range", "4 layers", "< 4"]),
     (_set("dflash_config.target_layer_ids", []), TARGET, ["dflash_config.target_layer_ids"]),
     (_set("dflash_config.target_layer_ids", [1, True]), TARGET, ["target_layer_ids[1]"]),
     (_set("dflash_config.target_layer_ids", "1,2"), TARGET, ["target_layer_ids"]),
@@ -141,20 +150,35 @@ INVALID = [
     (_set("dflash_config.mask_token_id", False), TARGET, ["mask_token_id"]),
     (_set("hidden_size", 128), TARGET, ["hidden_size = 128", "target's hidden_size = 64"]),
     (_set("vocab_size", 2048), TARGET, ["vocab_size = 2048", "target's vocab_size = 1024"]),
-    (_set("num_target_layers", 36), TARGET, ["num_target_layers = 36", "4 layers"]),
+    (_set("num_target_layers", 2.5), TARGET, ["num_target_layers = 2.5", "int"]),
     (_set("num_hidden_layers", 0), TARGET, ["num_hidden_layers = 0"]),
     (_set("num_hidden_layers", _DELETE), TARGET, ["num_hidden_layers", "missing"]),
     (_set("num_key_value_heads", 3), TARGET, ["num_key_value_heads = 3", "divide"]),
     (_set("rms_norm_eps", -1.0), TARGET, ["rms_norm_eps = -1.0"]),
     (_set("rope_theta", "big"), TARGET, ["rope_theta"]),
     (_set("hidden_act", "gelu"), TARGET, ["hidden_act", "gelu", "silu"]),
-    (_set("attention_bias", True), TARGET, ["attention_bias"]),
+    (_set("attention_bias", "yes"), TARGET, ["attention_bias = 'yes'", "bool"]),
+    (_set("rope_is_neox_style", False), TARGET, ["rope_is_neox_style = False"]),
+    (_set("dtype", "float8"), TARGET, ["dtype = 'float8'"]),
     (_set("architectures", ["LlamaForCausalLM"]), TARGET, ["architectures", "DFlashDraftModel"]),
+    (_set("architectures", ["DFlashDraftModel", "DFlash2DraftModel"]), TARGET,
+     ["architectures", "exactly one"]),
     (_set("architectures", _DELETE), TARGET, ["architectures"]),
     (_set("layer_types", ["sliding_attention", "full_attention"]), TARGET, ["layer_types"]),
-    (_set("is_causal", True), TARGET, ["is_causal"]),
-    (_set("rope_scaling", {"rope_type": "yarn", "factor": 4.0}), TARGET,
-     ["rope_scaling.rope_type"]),
+    (_set("rope_scaling", {"rope_type": "longrope", "factor": 4.0}), TARGET,
+     ["rope_scaling.rope_type = 'longrope'", "not supported"]),
+    (_set("rope_scaling", {"rope_type": "yarn"}), TARGET,
+     ["rope_scaling.factor", "required", "'yarn'"]),
+    (_set("rope_scaling", {"rope_type": "linear", "factor": -2.0}), TARGET,
+     ["rope_scaling.factor = -2.0", "> 0"]),
+    (_set("rope_scaling", {"rope_type": "yarn", "factor": 4.0, "attention_factor": 1.2}),
+     TARGET, ["rope_scaling.attention_factor", "not supported"]),
+    (_set("rope_scaling", {"factor": 4.0}), TARGET, ["rope_scaling", "rope_type"]),
+    (_set("rope_parameters", {"rope_type": "default", "mrope_section": [8, 8]}), TARGET,
+     ["rope_parameters.mrope_section"]),
+    (_all(_set("rope_parameters", {"rope_type": "linear", "factor": 3.0}),
+          _set("rope_scaling", {"type": "linear", "factor": 2.0})), TARGET,
+     ["rope_scaling", "disagrees with rope_parameters"]),
     (_set("dflash_config.conv_kernel_size", 2), TARGET, ["conv_kernel_size = 2", "together"]),
     (_set("dflash_config.selector_rank", 16), TARGET, ["selector_rank = 16"]),
     (_set("dflash_config.projector_type", "domino"), TARGET, ["projector_type"]),
@@ -213,3 +237,187 @@ def test_dataclass_validates_direct_construction():
     fields["block_size"] = 1
     with pytest.raises(ValueError, match="block_size = 1"):
         DrafterConfig(**fields)
+
+
+# ---------------------------------------------------------------------------
+# Tolerance rules shared with sglang 0.5.23
+# ---------------------------------------------------------------------------
+
+
+def test_target_layer_ids_may_tap_the_last_layer(caplog):
+    """sglang's resolve_target_layer_ids allows ids up to L - 1 (a warning says
+    that most targets do not capture after their last layer)."""
+    with caplog.at_level("WARNING", logger="sglang_dflash.config"):
+        cfg = parse_drafter_config(v1_dict(target_layer_ids=[1, 3]), **TARGET)
+    assert cfg.target_layer_ids == (1, 3)
+    assert "last layer (3)" in caplog.text
+
+
+def test_num_target_layers_mismatch_only_warns(caplog):
+    raw = v1_dict()
+    raw["num_target_layers"] = 36
+    with caplog.at_level("WARNING", logger="sglang_dflash.config"):
+        cfg = parse_drafter_config(raw, **TARGET)
+    assert cfg.num_target_layers == 4  # the runtime target's depth
+    assert "num_target_layers = 36" in caplog.text and "4 layers" in caplog.text
+    # Without a target the declared depth bounds the ids.
+    assert parse_drafter_config(raw).num_target_layers == 36
+
+
+def test_attention_bias_and_dtype():
+    raw = v1_dict()
+    raw.update(attention_bias=True, dtype="bfloat16", torch_dtype="float32")
+    cfg = parse_drafter_config(raw, **TARGET)
+    assert cfg.attention_bias is True and cfg.dtype == "bfloat16"  # dtype wins (transformers 5)
+    del raw["dtype"]
+    assert parse_drafter_config(raw, **TARGET).dtype == "float32"
+
+
+@pytest.mark.parametrize("declared,server,want", [
+    ("bfloat16", "auto", "bfloat16"), ("float32", "auto", "float16"), (None, "auto", "float16"),
+    ("bfloat16", "float32", "float32"),
+])
+def test_serving_dtype_follows_sglang_dtype_auto(declared, server, want):
+    raw = v1_dict()
+    if declared:
+        raw["dtype"] = declared
+    assert serving_dtype(parse_drafter_config(raw, **TARGET), server) == want
+
+
+@pytest.mark.parametrize("arch,version", [
+    ("DFlashDraftModel", 1), ("DFlash2DraftModel", 2),
+    # Empty subclasses of DFlash2DraftModel in sglang 0.5.23: same weights and math.
+    ("DFlash2BeamDraftModel", 2), ("MiniMaxDFlash2DraftModel", 2),
+])
+def test_architecture_aliases(arch, version):
+    raw = v2_dict() if version == 2 else v1_dict()
+    raw["architectures"] = [arch]
+    assert parse_drafter_config(raw, **TARGET).version == version
+
+
+@pytest.mark.parametrize("arch", ["DFlashLagunaForCausalLM", "MuseGlimmerAssistantModel"])
+def test_upstream_only_architectures_are_refused_by_name(arch):
+    raw = v1_dict()
+    raw["architectures"] = [arch]
+    with pytest.raises(ValueError) as info:
+        parse_drafter_config(raw, **TARGET)
+    message = str(info.value)
+    for word in (arch, "not support", "SGLANG_DFLASH_UPSTREAM=1"):
+        assert word in message, (word, message)
+
+
+# ---------------------------------------------------------------------------
+# RoPE keys
+# ---------------------------------------------------------------------------
+
+
+def rope_cfg(**keys):
+    raw = v1_dict()
+    raw.update(keys)
+    return parse_drafter_config(raw, **TARGET)
+
+
+def test_rope_theta_sources():
+    # rope_parameters' theta wins over a top-level rope_theta (sglang's get_rope_config).
+    cfg = rope_cfg(rope_parameters={"rope_type": "default", "rope_theta": 5e5}, rope_theta=1e6)
+    assert cfg.rope_theta == 5e5 and cfg.rope_scaling is None
+    # rope_scaling null (SpecForge's v1 configs) and an int theta.
+    cfg = rope_cfg(rope_scaling=None, rope_theta=1000000)
+    assert cfg.rope_theta == 1e6 and cfg.rope_scaling is None
+    # Legacy `type` and both dicts saying the same thing.
+    cfg = rope_cfg(rope_scaling={"type": "linear", "factor": 2.0}, rope_theta=1e6)
+    assert cfg.rope_theta == 1e6 and cfg.rope_scaling == RopeScaling("linear", factor=2.0)
+    cfg = rope_cfg(rope_scaling={"type": "linear", "factor": 2.0},
+                   rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 3e5})
+    assert cfg.rope_theta == 3e5 and cfg.rope_scaling.factor == 2.0
+
+
+def test_rope_scaling_defaults_follow_sglang_get_rope():
+    cfg = rope_cfg(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6})
+    assert cfg.rope_scaling == RopeScaling(
+        "yarn", factor=4.0, original_max_position_embeddings=2048)  # max_position_embeddings
+    cfg = rope_cfg(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0,
+                                 "original_max_position_embeddings": 8192})
+    assert cfg.rope_scaling.original_max_position_embeddings == 8192
+    cfg = rope_cfg(rope_scaling={"rope_type": "dynamic", "alpha": 2.0})
+    assert cfg.rope_scaling.alpha == 2.0 and cfg.rope_scaling.factor == 1.0
+    cfg = rope_cfg(rope_scaling={"rope_type": "yarn", "factor": 2.0, "beta_fast": 16,
+                                 "mscale": 1.0, "mscale_all_dim": 0.5, "truncate": False})
+    s = cfg.rope_scaling
+    assert (s.beta_fast, s.mscale, s.mscale_all_dim, s.truncate) == (16.0, 1.0, 0.5, False)
+
+
+# ---------------------------------------------------------------------------
+# Mask token id from the tokenizer
+# ---------------------------------------------------------------------------
+
+
+class FakeTokenizer:
+    def __init__(self, vocab, mask_token=None, mask_token_id=None):
+        self.vocab, self.mask_token, self.mask_token_id = vocab, mask_token, mask_token_id
+
+    def get_vocab(self):
+        return dict(self.vocab)
+
+    def __len__(self):
+        return len(self.vocab)
+
+
+def no_mask_id(**dflash):
+    raw = v1_dict(**dflash)
+    del raw["dflash_config"]["mask_token_id"]
+    cfg = parse_drafter_config(raw, **TARGET)
+    assert cfg.mask_token_id is None  # parsing passes without it
+    return cfg
+
+
+def test_mask_token_id_from_config_checked_against_tokenizer():
+    cfg = parse_drafter_config(v1_dict(), **TARGET)  # mask_token_id 3
+    assert resolve_mask_token_id(cfg, FakeTokenizer({"a": 0}), 1024) == 3
+    assert resolve_mask_token_id(cfg, None, 1024) == 3
+    assert resolve_mask_token_id(cfg, FakeTokenizer({"<|MASK|>": 3}), 1024) == 3
+    with pytest.raises(ValueError, match=r"mask_token_id = 3 conflicts.*'<\|MASK\|>' to 9"):
+        resolve_mask_token_id(cfg, FakeTokenizer({"<|MASK|>": 9}), 1024)
+    with pytest.raises(ValueError, match=r"mask_token_id = 3 is outside the target vocabulary"):
+        resolve_mask_token_id(cfg, None, 3)
+
+
+def test_mask_token_id_from_tokenizer():
+    cfg = no_mask_id()
+    # The tokenizer's own mask token, when it is the drafter's mask_token.
+    tok = FakeTokenizer({"a": 0, "<|MASK|>": 5}, mask_token="<|MASK|>", mask_token_id=7)
+    assert resolve_mask_token_id(cfg, tok, 1024) == 7
+    # Otherwise a vocabulary lookup (a tokenizer or a plain mapping).
+    tok = FakeTokenizer({"a": 0, "<|MASK|>": 5}, mask_token="[MASK]", mask_token_id=1)
+    assert resolve_mask_token_id(cfg, tok, 1024) == 5
+    assert resolve_mask_token_id(cfg, {"<|MASK|>": 6}, 1024) == 6
+    # A custom mask_token string.
+    cfg = no_mask_id(mask_token="<mask>")
+    assert resolve_mask_token_id(cfg, {"<mask>": 8, "<|MASK|>": 6}, 1024) == 8
+
+
+def test_mask_token_id_unresolvable_fails_clearly():
+    cfg = no_mask_id()
+    with pytest.raises(ValueError) as info:
+        resolve_mask_token_id(cfg, FakeTokenizer({"a": 0, "b": 1}), 1024)
+    message = str(info.value)
+    for word in ("mask_token_id is not set", "'<|MASK|>'", "does not add tokens",
+                 "SGLang would add it as id 2"):
+        assert word in message, (word, message)
+    with pytest.raises(ValueError, match="no tokenizer"):
+        resolve_mask_token_id(cfg, None, 1024)
+    with pytest.raises(ValueError, match=r"'<\|MASK\|>' = 1024 is outside"):
+        resolve_mask_token_id(cfg, {"<|MASK|>": 1024}, 1024)
+
+
+def test_repeated_target_layer_ids_are_refused():
+    """SGLang captures each target layer once; a repeated id (e.g. the derived
+    [1, 1] for a 4-layer target and 2 draft layers) would crash the first prefill."""
+    with pytest.raises(ValueError, match="target_layer_ids = \\[1, 1\\] must not repeat a layer"):
+        parse_drafter_config(v1_dict(target_layer_ids=[1, 1]), target_num_layers=4)
+    raw = v1_dict()
+    del raw["dflash_config"]["target_layer_ids"]
+    assert build_target_layer_ids(4, 2) == [1, 1]  # upstream's derivation for this pair ...
+    with pytest.raises(ValueError, match="must not repeat a layer"):
+        parse_drafter_config(raw, target_num_layers=4)  # ... is refused, not served

@@ -13,8 +13,15 @@ try:
 except ImportError:  # running from a checkout without an installed package
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 
-from sglang_dflash.config import DrafterConfig  # noqa: E402
-from sglang_dflash.model import DFlashDrafter, GroupedConv, apply_rope, rope_cos_sin  # noqa: E402
+from sglang_dflash.config import DrafterConfig, RopeScaling  # noqa: E402
+from sglang_dflash.model import (  # noqa: E402
+    DFlashDrafter,
+    GroupedConv,
+    apply_rope,
+    rope_cos_sin,
+    rope_inv_freq,
+    rope_magnitude,
+)
 
 torch.set_num_threads(1)
 
@@ -294,3 +301,90 @@ def test_v1_has_no_selector_and_v2_does():
     assert DFlashDrafter(make_cfg(1)).candidate_selector is None
     assert DFlashDrafter(make_cfg(2)).candidate_selector is not None
     assert DFlashDrafter(make_cfg(1, conv=True)).layers[0].attention_conv is not None
+
+
+# ---------------------------------------------------------------------------
+# RoPE scaling (sglang 0.5.23's get_rope rules, checked against transformers'
+# ROPE_INIT_FUNCTIONS where both define the same thing, else by hand)
+# ---------------------------------------------------------------------------
+
+HF_ROPE_CASES = [
+    ("linear", 1e4, {"factor": 4.0}, RopeScaling("linear", factor=4.0)),
+    ("yarn", 1e6, {"factor": 4.0, "original_max_position_embeddings": 2048},
+     RopeScaling("yarn", factor=4.0, original_max_position_embeddings=2048)),
+    ("yarn", 1e4, {"factor": 8.0, "original_max_position_embeddings": 1024, "beta_fast": 16.0,
+                   "beta_slow": 2.0, "mscale": 1.0, "mscale_all_dim": 0.5, "truncate": False},
+     RopeScaling("yarn", factor=8.0, original_max_position_embeddings=1024, beta_fast=16.0,
+                 beta_slow=2.0, mscale=1.0, mscale_all_dim=0.5, truncate=False)),
+    ("llama3", 5e5, {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192},
+     RopeScaling("llama3", factor=8.0, original_max_position_embeddings=8192)),
+]
+
+
+@pytest.mark.parametrize("kind,theta,params,scaling", HF_ROPE_CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(HF_ROPE_CASES)])
+def test_rope_scaling_matches_transformers(kind, theta, params, scaling):
+    transformers = pytest.importorskip("transformers")
+    rope_utils = pytest.importorskip("transformers.modeling_rope_utils")
+    head_dim = 64
+    hf_cfg = transformers.Qwen3Config(
+        hidden_size=256, num_attention_heads=4, head_dim=head_dim,
+        max_position_embeddings=8192 if kind != "yarn" else 8192,
+        rope_parameters={"rope_type": kind, "rope_theta": theta, **params})
+    hf_inv, hf_factor = rope_utils.ROPE_INIT_FUNCTIONS[kind](hf_cfg, "cpu")
+    ours = rope_inv_freq(head_dim, theta, scaling, torch.float64)
+    if kind == "linear":
+        ours = ours / scaling.factor  # sglang divides the positions instead (checked below)
+    torch.testing.assert_close(ours, hf_inv.double(), rtol=1e-6, atol=0)
+    assert rope_magnitude(scaling) == pytest.approx(hf_factor, rel=1e-12)
+    pos = torch.tensor([0, 1, 5, 40, 300])
+    cos, sin = rope_cos_sin(pos, head_dim, theta, torch.float64, scaling)
+    angles = pos.double()[:, None] * hf_inv.double()
+    torch.testing.assert_close(cos[:, : head_dim // 2], angles.cos() * hf_factor, rtol=0, atol=1e-4)
+    torch.testing.assert_close(sin[:, head_dim // 2:], angles.sin() * hf_factor, rtol=0, atol=1e-4)
+
+
+def test_dynamic_ntk_is_sglangs_static_base():
+    """sglang's DynamicNTKScalingRotaryEmbedding builds one table with base
+    theta * (f^2 - f + 1)^(d / (d - 2)); the alpha variant theta * alpha^(d / (d - 2))."""
+    d, theta = 16, 1e4
+    exponents = torch.arange(0, d, 2, dtype=torch.float64) / d
+    for scaling, base in ((RopeScaling("dynamic", factor=2.0), theta * 3.0 ** (16 / 14)),
+                          (RopeScaling("dynamic", alpha=4.0), theta * 4.0 ** (16 / 14))):
+        torch.testing.assert_close(rope_inv_freq(d, theta, scaling, torch.float64),
+                                   1.0 / base ** exponents, rtol=1e-12, atol=0)
+        assert rope_magnitude(scaling) == 1.0
+
+
+def test_linear_rope_divides_positions():
+    pos = torch.tensor([0, 3, 12, 999])
+    cos, sin = rope_cos_sin(pos, 8, 1e4, torch.float64, RopeScaling("linear", factor=4.0))
+    want_cos, want_sin = rope_cos_sin(pos.double() / 4.0, 8, 1e4, torch.float64)
+    torch.testing.assert_close(cos, want_cos, rtol=0, atol=1e-12)
+    torch.testing.assert_close(sin, want_sin, rtol=0, atol=1e-12)
+
+
+def test_plain_rope_unchanged_without_scaling():
+    pos = torch.tensor([0, 7, 4096])
+    a = rope_cos_sin(pos, 16, 1e6)
+    exponents = torch.arange(0, 16, 2, dtype=torch.float32)
+    freqs = pos.float()[:, None] * (1.0 / (1e6 ** (exponents / 16)))  # the plain formula
+    emb = torch.cat((freqs, freqs), dim=-1)
+    assert torch.equal(a[0], emb.cos()) and torch.equal(a[1], emb.sin())
+
+
+def test_attention_uses_rope_scaling_and_bias():
+    plain = randomise(DFlashDrafter(make_cfg()), seed=3)
+    scaled_cfg = make_cfg(rope_scaling=RopeScaling("yarn", factor=4.0,
+                                                   original_max_position_embeddings=128))
+    scaled = DFlashDrafter(scaled_cfg)
+    scaled.load_state_dict(plain.state_dict())
+    ctx = torch.randn(3, H)
+    pos = torch.tensor([100, 101, 102])
+    k_plain, _ = plain.layers[0].self_attn.key_value(ctx, pos)
+    k_scaled, _ = scaled.eval().layers[0].self_attn.key_value(ctx, pos)
+    assert not torch.allclose(k_plain, k_scaled)
+    biased = DFlashDrafter(make_cfg(attention_bias=True))
+    names = set(biased.state_dict())
+    assert {f"layers.0.self_attn.{p}_proj.bias" for p in "qkvo"} <= names

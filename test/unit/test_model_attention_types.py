@@ -2,8 +2,12 @@
 
 Semantics follow sglang 0.5.23 (`srt/models/dflash.py`
 `_get_dflash_layer_attention_params`, `srt/speculative/dflash_utils.py`
-`get_dflash_attention_sliding_window_size`, and the torch_native backend's
-`_make_sliding_window_mask`: keys with q_pos - w <= k_pos <= q_pos, w = sliding_window - 1).
+`get_dflash_attention_sliding_window_size`): a causal sliding layer shows keys
+with q_pos - w <= k_pos <= q_pos, w = sliding_window - 1 (the torch_native
+backend's `_make_sliding_window_mask`); a non-causal one (ENCODER_ONLY) keys with
+|k_pos - q_pos| <= w (FlashAttention's `window_size = (w, w)`). transformers'
+Qwen3Config keeps `sliding_window` only with `use_sliding_window: true` and fills
+absent `layer_types` from `max_window_layers`.
 """
 
 import copy
@@ -65,19 +69,51 @@ def test_full_attention_causal_only_with_is_causal(is_causal, expected):
     assert cfg.layer_window == (None, None)
 
 
-@pytest.mark.parametrize("is_causal", [None, True])
-def test_sliding_attention_is_causal_with_window_minus_one(is_causal):
-    raw = raw_config(layer_types=["sliding_attention"] * 2, sliding_window=2048)
+@pytest.mark.parametrize("is_causal,expected", [(None, True), (True, True), (False, False)])
+def test_sliding_attention_window_minus_one(is_causal, expected):
+    raw = raw_config(layer_types=["sliding_attention"] * 2, sliding_window=2048,
+                     use_sliding_window=True)
     if is_causal is not None:
         raw["is_causal"] = is_causal
     cfg = parse_drafter_config(raw, **TARGET)
-    assert cfg.layer_causal == (True, True)
+    assert cfg.layer_causal == (expected, expected)
     assert cfg.layer_window == (2047, 2047)
     assert cfg.has_masked_layers
 
 
+def test_qwen_config_drops_window_without_use_sliding_window():
+    for swa in (None, False):
+        raw = raw_config(layer_types=["sliding_attention"] * 2, sliding_window=2048)
+        if swa is not None:
+            raw["use_sliding_window"] = swa
+        with pytest.raises(ValueError, match="sliding_window is required.*use_sliding_window"):
+            parse_drafter_config(raw, **TARGET)
+    # Another config class keeps the window as written.
+    raw = raw_config(layer_types=["sliding_attention"] * 2, sliding_window=4, model_type="llama")
+    assert parse_drafter_config(raw, **TARGET).layer_window == (3, 3)
+    # use_sliding_window with the key absent: the Qwen3Config default window, 4096.
+    raw = raw_config(layer_types=["sliding_attention"] * 2, use_sliding_window=True)
+    assert parse_drafter_config(raw, **TARGET).layer_window == (4095, 4095)
+
+
+@pytest.mark.parametrize("top,causal,window", [
+    (dict(use_sliding_window=True, sliding_window=8), (False, False), (None, None)),
+    (dict(use_sliding_window=True, sliding_window=8, max_window_layers=1),
+     (False, True), (None, 7)),
+    (dict(use_sliding_window=True, sliding_window=8, max_window_layers=0, is_causal=False),
+     (False, False), (7, 7)),
+    (dict(is_causal=True), (True, True), (None, None)),
+    (dict(sliding_window=8, max_window_layers=0), (False, False), (None, None)),
+])
+def test_qwen_layer_types_derived_like_transformers(top, causal, window):
+    """No layer_types: Qwen3Config fills them, sliding from max_window_layers on."""
+    cfg = parse_drafter_config(raw_config(**top), **TARGET)
+    assert (cfg.layer_causal, cfg.layer_window) == (causal, window)
+
+
 def test_mixed_layers_and_text_config_fallbacks():
-    raw = raw_config(layer_types=["sliding_attention", "full_attention"], sliding_window=5)
+    raw = raw_config(layer_types=["sliding_attention", "full_attention"], sliding_window=5,
+                     use_sliding_window=True)
     cfg = parse_drafter_config(raw, **TARGET)
     assert cfg.layer_causal == (True, False) and cfg.layer_window == (4, None)
     # Backbone keys under text_config; layer_types there, sliding_window at the top
@@ -100,15 +136,16 @@ REJECTED = [
      ["sliding_window is required", "layer_types"]),
     (dict(layer_types=["full_attention"] * 3), ["layer_types", "one entry per draft layer"]),
     (dict(layer_types="full_attention"), ["layer_types"]),
-    (dict(layer_types=["sliding_attention"] * 2, sliding_window=0),
+    (dict(layer_types=["sliding_attention"] * 2, sliding_window=0, use_sliding_window=True),
      ["sliding_window = 0", ">= 1"]),
-    (dict(layer_types=["sliding_attention"] * 2, sliding_window=8.0),
+    (dict(layer_types=["sliding_attention"] * 2, sliding_window=8.0, use_sliding_window=True),
      ["sliding_window = 8.0", "int"]),
-    (dict(layer_types=["sliding_attention"] * 2, sliding_window=8, is_causal=False),
-     ["is_causal = False", "sliding_attention"]),
-    (dict(is_causal=True), ["is_causal = True", "layer_types"]),
+    (dict(use_sliding_window="yes"), ["use_sliding_window = 'yes'", "bool"]),
+    # Without a config class that fills layer_types, sglang ignores these keys.
+    (dict(is_causal=True, model_type="llama"), ["is_causal = True", "layer_types"]),
+    (dict(use_sliding_window=True, sliding_window=8, model_type="llama"),
+     ["use_sliding_window", "layer_types"]),
     (dict(is_causal="yes", layer_types=["full_attention"] * 2), ["is_causal = 'yes'", "bool"]),
-    (dict(use_sliding_window=True, sliding_window=8), ["use_sliding_window", "layer_types"]),
 ]
 
 
@@ -126,8 +163,10 @@ def test_dataclass_validates_layer_attention():
     base = dict(parse_drafter_config(raw_config(), **TARGET).__dict__)
     with pytest.raises(ValueError, match="layer_causal"):
         DrafterConfig(**{**base, "layer_causal": (True,)})
-    with pytest.raises(ValueError, match=r"layer_window\[0\]"):
-        DrafterConfig(**{**base, "layer_window": (3, None)})  # window without causal
+    with pytest.raises(ValueError, match=r"layer_window\[0\] = 2.5"):
+        DrafterConfig(**{**base, "layer_window": (2.5, None)})
+    non_causal = DrafterConfig(**{**base, "layer_window": (3, None)})  # a non-causal window
+    assert non_causal.layer_causal == (False, False) and non_causal.has_masked_layers
     with pytest.raises(ValueError, match=r"layer_window\[1\] = -1"):
         DrafterConfig(**{**base, "layer_causal": (True, True), "layer_window": (3, -1)})
     cfg = DrafterConfig(**{**base, "layer_causal": [True, False], "layer_window": [2, None]})
@@ -138,7 +177,8 @@ def test_checkpoint_round_trip_keeps_layer_attention(tmp_path):
     from sglang_dflash.checkpoint import load_drafter, save_drafter
 
     raw = raw_config(layer_types=["sliding_attention", "full_attention"], sliding_window=16,
-                     intermediate_size=32, hidden_size=32, vocab_size=64)
+                     use_sliding_window=True, intermediate_size=32, hidden_size=32,
+                     vocab_size=64)
     cfg = parse_drafter_config(raw)
     save_drafter(DFlashDrafter(cfg), raw, tmp_path)
     loaded = load_drafter(tmp_path, target_hidden_size=32, target_vocab_size=64,
@@ -233,6 +273,27 @@ def test_sliding_window_limits_context_keys():
         assert not torch.allclose(full.forward_block(embeds, positions, fk, fv, valid), a)
 
 
+def test_non_causal_window_is_two_sided():
+    """is_causal false + sliding_window 3 (w = 2): the query at position p sees
+    positions p - 2 .. p + 2, block keys after it included."""
+    cfg = make_cfg(layers=1, causal=(False,), window=(2,), block=6)
+    model = make_model(cfg)
+    feats, embeds, positions, valid = inputs(cfg, [8])  # block at positions 8..13
+    with torch.no_grad():
+        base, (k, v) = run(model, feats, embeds, positions, valid)
+        for slot in range(cfg.block_size):
+            bumped = embeds.clone()
+            bumped[0, slot] += 1.0  # changes the block key / value at position 8 + slot
+            moved = run(model, feats, bumped, positions, valid)[0] - base
+            for query in range(cfg.block_size):
+                sees = abs(slot - query) <= 2
+                assert bool(moved[0, query].abs().amax() > 0) == sees, (slot, query)
+        k[:, :, 6] += 1.0  # context position 6: only query position 8 (slot 0) reaches it
+        v[:, :, 6] += 1.0
+        ctx_moved = model.forward_block(embeds, positions, k, v, valid) - base
+        assert [bool(ctx_moved[0, q].abs().amax() > 0) for q in range(6)] == [True] + [False] * 5
+
+
 def test_window_zero_sees_only_itself():
     """w = 0 (sliding_window 1): each query reads only its own value row; no NaN rows
     even with no valid context."""
@@ -287,7 +348,8 @@ def naive_layer_attention(p, cfg, causal, window, ctx, ctx_pos, x, x_pos):
         qp = int(x_pos[i])
         keys = [j for j in range(kv_in.shape[0])
                 if (not causal or int(kv_pos[j]) <= qp)
-                and (window is None or int(kv_pos[j]) >= qp - window)]
+                and (window is None or int(kv_pos[j]) >= qp - window)
+                and (causal or window is None or int(kv_pos[j]) <= qp + window)]
         assert keys, "a query with no visible key"
         for head in range(nh):
             g = head // (nh // kvh)
@@ -315,10 +377,17 @@ def naive_forward(model, feats, embeds, x_pos):
     return naive_rms(h, sd["norm.weight"])
 
 
-def test_forward_block_matches_naive_mixed_layers():
+@pytest.mark.parametrize("causal,window", [
     # Layer 0: sliding_attention with sliding_window 4 (w = 3, causal); layer 1: full,
-    # non-causal. Two requests with different context lengths (the second padded).
-    cfg = make_cfg(layers=2, causal=(True, False), window=(3, None))
+    # non-causal.
+    ((True, False), (3, None)),
+    # The published DFlash 2 shape (is_causal false, sliding layers), with a window
+    # narrower than the block so that its right side matters: w = 1, then w = 2.
+    ((False, False), (1, 2)),
+])
+def test_forward_block_matches_naive_mixed_layers(causal, window):
+    # Two requests with different context lengths (the second padded).
+    cfg = make_cfg(layers=2, causal=causal, window=window)
     model = make_model(cfg, seed=4)
     ctx_lens = [7, 3]
     feats, embeds, positions, valid = inputs(cfg, ctx_lens, seed=5)

@@ -55,4 +55,12 @@ class DFlash2DraftModel(DFlashDraftModel):
     """The published DFlash 2 architecture name; same class, v2 config."""
 
 
-EntryClass = [DFlashDraftModel, DFlash2DraftModel]
+class DFlash2BeamDraftModel(DFlashDraftModel):
+    """An alias SGLang 0.5.23 loads as DFlash 2 (an empty subclass upstream)."""
+
+
+class MiniMaxDFlash2DraftModel(DFlashDraftModel):
+    """An alias SGLang 0.5.23 loads as DFlash 2 (an empty subclass upstream)."""
+
+
+EntryClass = [DFlashDraftModel, DFlash2DraftModel, DFlash2BeamDraftModel, MiniMaxDFlash2DraftModel]
