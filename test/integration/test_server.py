@@ -147,6 +147,15 @@ def test_invalid_sampling_params_get_4xx_and_server_keeps_serving(server, prompt
     assert _generate(server, prompts[4])["output_ids"] == plain_outputs[4]["output_ids"]
 
 
+@pytest.mark.parametrize("ids", [[5, 6, 5000, 99999], [5, -1, 6]])
+def test_out_of_vocabulary_input_ids_get_400_and_server_keeps_serving(server, prompts, plain_outputs, ids):
+    r = requests.post(server.url + "/generate",
+                      json={"input_ids": ids, "sampling_params": {"max_new_tokens": 8}}, timeout=120)
+    assert r.status_code == 400, (r.status_code, r.text)
+    assert "outside the vocabulary" in r.text
+    assert _generate(server, prompts[4])["output_ids"] == plain_outputs[4]["output_ids"]
+
+
 def test_idle_time_is_no_decode_step_cost(server, prompts):
     """A server waiting for requests is not running a decode step: the period of
     the last step before an idle gap must not reach the cost model (it once

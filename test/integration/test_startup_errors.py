@@ -30,11 +30,11 @@ def _broken_copy(tmp_path, edit_config=None, drop_weight=None, base="drafter-ran
     return str(dst)
 
 
-def _launch(drafter):
+def _launch(drafter, target=TARGET):
     env = os.environ.copy()
     if not cpu_runtime.cuda_available():
         env = cpu_runtime.cpu_env(env)
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", TARGET,
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", target,
            "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drafter,
            "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
            "--port", str(free_port()), "--max-total-tokens", "4096"]
@@ -69,3 +69,18 @@ def test_broken_drafter_fails_startup(tmp_path, case):
     output = proc.stdout + proc.stderr
     assert "invalid DFlash drafter" in output or "drafter config" in output, output[-3000:]
     assert needle in output, output[-3000:]
+
+
+def test_windowed_target_is_refused_naming_the_reason(tmp_path):
+    """A target with sliding-window layers has a second, windowed KV pool the
+    worker does not index: start-up stops with the reason instead of serving."""
+    target = tmp_path / "target"
+    shutil.copytree(TARGET, target)
+    cfg = json.loads((target / "config.json").read_text())
+    cfg["layer_types"] = ["sliding_attention"] + ["full_attention"] * (cfg["num_hidden_layers"] - 1)
+    cfg["sliding_window"], cfg["use_sliding_window"] = 64, True
+    (target / "config.json").write_text(json.dumps(cfg))
+    proc = _launch(PATHS["drafter-random"], target=str(target))
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    assert "cannot serve the target" in output and "sliding_attention" in output, output[-3000:]

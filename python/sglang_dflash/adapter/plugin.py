@@ -16,6 +16,7 @@ UPSTREAM_ENV = "SGLANG_DFLASH_UPSTREAM"
 
 WORKER_TARGET = "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2"
 ARGS_TARGET = "sglang.srt.arg_groups.speculative_hook._handle_dflash"
+ADAPTIVE_TARGET = "sglang.srt.arg_groups.speculative_hook._maybe_disable_adaptive"
 TORCH_NATIVE_TARGET = (
     "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend"
 )
@@ -39,6 +40,31 @@ def add_dflash_state(result, controller, state, *args, **kwargs):
     if callable(snapshot):
         state["dflash"] = snapshot()
     return result
+
+
+SAMPLING_VERIFY_TARGET = "sglang.srt.speculative.dflash_utils.is_dflash_sampling_verify_available"
+
+
+def sampling_verify_available() -> bool:
+    """Our worker verifies sampled rows exactly on every device (torch rejection
+    sampler, Triton kernel on CUDA), so SGLang's request validation may accept
+    `return_sampling_mask` with sampling under DFLASH."""
+    return True
+
+
+VALIDATE_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
+
+
+def check_input_ids(manager, obj, input_ids, *args, **kwargs):
+    """BEFORE SGLang's request validation: token ids outside the vocabulary are a
+    bad request (400), not an IndexError that takes the scheduler down."""
+    if input_ids:
+        vocab = manager.model_config.vocab_size
+        bad = next((t for t in input_ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
+        if bad is not None:
+            raise ValueError(f"input_ids contains token id {bad!r} outside the vocabulary "
+                             f"[0, {vocab})")
+    return None
 
 
 MODELS_PACKAGE = "sglang_dflash.adapter.models"
@@ -66,14 +92,17 @@ def register() -> None:
     check_sglang_version()
 
     from sglang_dflash.adapter.attention import VerifyCapableTorchNativeAttnBackend
-    from sglang_dflash.adapter.server_args import handle_dflash
+    from sglang_dflash.adapter.server_args import handle_dflash, keep_adaptive_for_dflash
     from sglang_dflash.adapter.worker import DFlashWorker
 
     HookRegistry.register(WORKER_TARGET, DFlashWorker, HookType.REPLACE)
     HookRegistry.register(ARGS_TARGET, handle_dflash, HookType.REPLACE)
+    HookRegistry.register(ADAPTIVE_TARGET, keep_adaptive_for_dflash, HookType.AROUND)
     HookRegistry.register(
         TORCH_NATIVE_TARGET, VerifyCapableTorchNativeAttnBackend, HookType.REPLACE
     )
     HookRegistry.register(SERVER_INFO_TARGET, add_dflash_state, HookType.AFTER)
     HookRegistry.register(MODEL_LOADER_TARGET, register_model_classes, HookType.BEFORE)
+    HookRegistry.register(VALIDATE_TARGET, check_input_ids, HookType.BEFORE)
+    HookRegistry.register(SAMPLING_VERIFY_TARGET, sampling_verify_available, HookType.REPLACE)
     _registered = True

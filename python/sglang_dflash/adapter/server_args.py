@@ -19,15 +19,17 @@ import os
 from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
 from sglang.srt.runtime_context import attn_dp_enabled_of
 
-logger = logging.getLogger(__name__)
+from sglang_dflash.policy import PolicyConfig, load_policy_config
+from sglang_dflash.target_support import unsupported_target_reason
 
-from sglang_dflash.policy import PolicyConfig
+logger = logging.getLogger(__name__)
 
 SOURCE = "sglang_dflash._handle_dflash"
 DEFAULT_MAX_RUNNING_REQUESTS = 48
 
 
 def _target_dims(cfg) -> tuple[int, int, int]:
+    """(hidden size, vocabulary, depth) of the target, depth as SGLang counts it."""
     from sglang.srt.utils.hf_transformers_utils import get_config
 
     target = get_config(
@@ -37,43 +39,81 @@ def _target_dims(cfg) -> tuple[int, int, int]:
         model_override_args=json.loads(cfg.json_model_override_args),
     )
     text = getattr(target, "text_config", None) or target
-    return int(text.hidden_size), int(text.vocab_size), int(text.num_hidden_layers)
+    reason = unsupported_target_reason(text.to_dict())
+    if reason is not None:
+        raise ValueError(f"sglang-dflash DFLASH cannot serve the target {cfg.model_path!r}: {reason}; "
+                         "set SGLANG_DFLASH_UPSTREAM=1 to use SGLang's own worker")
+    depth = int(text.num_hidden_layers) * int(getattr(text, "num_loops", 1) or 1)
+    return int(text.hidden_size), int(text.vocab_size), depth
+
+
+def _target_tokenizer(cfg):
+    if cfg.skip_tokenizer_init:
+        return None
+    from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+    return get_tokenizer(cfg.tokenizer_path or cfg.model_path, tokenizer_mode=cfg.tokenizer_mode,
+                         trust_remote_code=cfg.trust_remote_code, tokenizer_revision=cfg.revision)
 
 
 def validate_drafter(cfg):
-    """Parse and check the drafter (config and weight headers) against the target."""
+    """Resolve the drafter (a local directory or a hub id, as SGLang resolves model
+    paths), then parse and check it (config, weights, mask token) against the
+    target. Returns (local path, DrafterConfig)."""
     from sglang_dflash.checkpoint import load_drafter
+    from sglang_dflash.config import resolve_mask_token_id
+    from sglang_dflash.hub import resolve_drafter_path
 
+    path = resolve_drafter_path(cfg.speculative_draft_model_path,
+                                cfg.speculative_draft_model_revision,
+                                cache_dir=getattr(cfg, "download_dir", None))
     hidden, vocab, layers = _target_dims(cfg)
     # NOTE: loads the weights once in the launching process so that every check
     # (names, shapes, finiteness) runs before workers start; cheap for the
     # drafters we ship, a header-only check would be cheaper for large ones.
-    drafter = load_drafter(
-        cfg.speculative_draft_model_path,
-        target_hidden_size=hidden,
-        target_vocab_size=vocab,
-        target_num_layers=layers,
-    )
-    return drafter.cfg
+    drafter = load_drafter(path, target_hidden_size=hidden, target_vocab_size=vocab,
+                           target_num_layers=layers)
+    if drafter.cfg.mask_token_id is None:  # resolved from the tokenizer: fail here if it cannot be
+        resolve_mask_token_id(drafter.cfg, _target_tokenizer(cfg), vocab)
+    return path, drafter.cfg
 
 
-POLICY_ENV = "SGLANG_DFLASH_POLICY"
-DEFAULT_POLICY = {"mode": "adaptive"}
+POLICY_ENV = "SGLANG_DFLASH_POLICY"  # alias of --speculative-adaptive-config (inline JSON or a path)
+CONFIG_FLAG = "--speculative-adaptive-config"
+ADAPTIVE_FLAG = "--speculative-adaptive"
 
 
-def load_policy_config() -> PolicyConfig:
-    """The speculation policy from SGLANG_DFLASH_POLICY: inline JSON or a JSON file path."""
-    raw = os.environ.get(POLICY_ENV, "").strip()
-    if not raw:
-        return PolicyConfig.from_dict(DEFAULT_POLICY)
-    if not raw.startswith("{"):
-        with open(raw) as f:
-            raw = f.read()
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{POLICY_ENV}: not valid JSON ({e})") from e
-    return PolicyConfig.from_dict(data)
+def policy_config(cfg) -> PolicyConfig:
+    """The speculation policy of a server: `--speculative-adaptive-config PATH`
+    (or its alias, the SGLANG_DFLASH_POLICY environment variable, inline JSON
+    or a path), default adaptive. `--speculative-adaptive` asks for adaptive
+    explicitly, so a config with another mode contradicts it. `cfg`: the
+    server arguments (the config path is passed through unresolved)."""
+    path = getattr(cfg, "speculative_adaptive_config", None)
+    env = os.environ.get(POLICY_ENV, "").strip()
+    if path and env:
+        raise ValueError(f"sglang-dflash: both {CONFIG_FLAG} and {POLICY_ENV} are set; "
+                         f"give the policy once ({POLICY_ENV} is an alias of the flag)")
+    policy = load_policy_config(path, CONFIG_FLAG) if path else load_policy_config(env, POLICY_ENV)
+    if getattr(cfg, "speculative_adaptive", False) and policy.mode != "adaptive":
+        raise ValueError(f"sglang-dflash: {ADAPTIVE_FLAG} contradicts the policy's mode = "
+                         f"{policy.mode!r}; drop one of them")
+    return policy
+
+
+def keep_adaptive_for_dflash(original, server_args, *args, **kwargs):
+    """AROUND SGLang's `_maybe_disable_adaptive`: for DFLASH, `--speculative-adaptive`
+    selects our policy (validated in `handle_dflash`) instead of being turned
+    off with a warning that it is EAGLE-only. SGLang's own adaptive machinery
+    (EAGLE's step table) stays off, as upstream leaves it for DFLASH."""
+    cfg = resolving_view(server_args)
+    if str(cfg.speculative_algorithm).upper() != "DFLASH":
+        return original(server_args, *args, **kwargs)
+    # Checked here too: the flag is cleared below, before handle_dflash runs.
+    policy_config(cfg)
+    declare_resolution(server_args, SOURCE, speculative_adaptive=False)
+    logger.info("sglang-dflash: %s selects the DFLASH speculation policy (adaptive)", ADAPTIVE_FLAG)
+    return None
 
 
 def _check_device_and_parallelism(cfg) -> None:
@@ -115,8 +155,8 @@ def _resolve_block_size(server_args, cfg, drafter_block_size: int) -> int:
 def handle_dflash(server_args) -> None:
     cfg = resolving_view(server_args)
     _check_device_and_parallelism(cfg)
-    drafter_cfg = validate_drafter(cfg)
-    policy = load_policy_config()  # a bad policy fails here, before workers start
+    drafter_path, drafter_cfg = validate_drafter(cfg)
+    policy = policy_config(cfg)  # a bad policy fails here, before workers start
     block = _resolve_block_size(server_args, cfg, drafter_cfg.block_size)
     for name in ("speculative_num_steps", "speculative_eagle_topk"):
         value = getattr(cfg, name)
@@ -126,6 +166,8 @@ def handle_dflash(server_args) -> None:
         speculative_num_steps=1,
         speculative_eagle_topk=1,
         speculative_num_draft_tokens=block,
+        # The resolved local snapshot of a hub id, for the workers and SGLang's draft config.
+        speculative_draft_model_path=str(drafter_path),
         # SGLang's overlap scheduler stays as the user set it (on by default):
         # the worker follows the spec-v2 contract (publishes next seq_lens,
         # relays only bonus tokens, takes accept counts in launch order).

@@ -4,7 +4,6 @@ One decode step, each line one call (`forward_batch_generation`):
   block    = make_blocks(anchor, prefix_lens)             draft.py
   hidden   = drafter.forward_block(...)                   model.py (our torch drafter)
   proposal = propose_argmax | propose_selector            propose.py (v1 | DFlash 2)
-  limits   = draft_limits(confidence, W, threshold)       truncate.py (ragged verify, optional)
   logits   = target TARGET_VERIFY forward over the block  SGLang target worker
   result   = verify_block(drafts, logits, sampling, q)    verify.py (greedy / exact sampling)
   plan     = plan_commit(accept_len, prefix_lens)         draft.py
@@ -39,19 +38,22 @@ from sglang.srt.runtime_context import get_schedule, get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
-from sglang.srt.speculative.dflash_utils import apply_dflash_verify_logits_adjustments
+from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+from sglang.srt.speculative.spec_sampling_mask import SpeculativeSamplingMaskCapture
 from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 
-from sglang_dflash.checkpoint import load_drafter
+from sglang_dflash.checkpoint import load_drafter, mask_embedding_for
+from sglang_dflash.config import resolve_mask_token_id
+from sglang_dflash.hub import resolve_drafter_path
 from sglang_dflash.context import DraftContext, DraftKVCache
 from sglang_dflash.draft import context_slots, make_blocks, plan_commit
-from sglang_dflash.adapter.server_args import load_policy_config
-from sglang_dflash.policy import SpeculationPolicy
+from sglang_dflash.adapter.server_args import policy_config
+from sglang_dflash.adapter.verify_logits import VerifyLogits
+from sglang_dflash.policy import TUNING, SpeculationPolicy
 from sglang_dflash.propose import Proposal, propose_argmax, propose_selector
-from sglang_dflash.ragged import ragged_runs, unpack_rows
+from sglang_dflash.ragged import ragged_runs
 from sglang_dflash.rejection import PAD_TOKEN_ID
 from sglang_dflash.stats import SpecStats, StepClock
-from sglang_dflash.truncate import draft_limits, narrow_step, verify_mask
 from sglang_dflash.verify import SamplingRows, VerifyUniforms, verify_block
 
 logger = logging.getLogger(__name__)
@@ -70,7 +72,7 @@ def _open_trace():
 
 
 class DFlashWorker(BaseSpecWorker):
-    """Spec-v2 worker contract: see sglang-0.5.23.md §3 (duck-typed)."""
+    """Spec-v2 worker contract: see docs/design.md §10.4 (duck-typed)."""
 
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         super().__init__()
@@ -84,25 +86,28 @@ class DFlashWorker(BaseSpecWorker):
         self.device = target_worker.device
         spec = get_spec()  # resolved arguments (server_args holds the raw ones)
         self.block_size = int(spec.speculative_num_draft_tokens)
-        self.drafter = self._load_drafter(spec.speculative_draft_model_path)
-        self.mask_token_id = self.drafter.cfg.mask_token_id
+        self.drafter = self._load_drafter(spec.speculative_draft_model_path,
+                                          spec.speculative_draft_model_revision)
+        self.mask_token_id = resolve_mask_token_id(
+            self.drafter.cfg, getattr(target_worker, "tokenizer", None),
+            int(self.model_runner.model_config.vocab_size))
+        self._merge_mask_embedding()
         self.context: DraftContext | None = None  # drafter context K/V (alloc_memory_pool)
+        self.verify_logits: VerifyLogits | None = None  # penalties, grammar, bias (alloc_memory_pool)
         # Draws for the selector walk and the accept tests; independent of the
-        # target sampler's stream (dflash.md §4.5 item 3).
+        # target sampler's stream (docs/design.md §6.5 item 3).
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(get_spec_seed(server_args)))
-        # (width, batch size, policy step, per-request verified drafts or None)
-        # of decode steps awaiting their accept counts: with the overlap
-        # scheduler, step N's counts arrive after step N+1 launched.
-        self._pending_steps: deque[tuple[int, int, int, list | None]] = deque(maxlen=8)
+        # (width, batch size, policy step) of decode steps awaiting their accept
+        # counts: with the overlap scheduler, step N's counts arrive after step
+        # N+1 launched.
+        self._pending_steps: deque[tuple[int, int, int]] = deque(maxlen=8)
         self._offsets = torch.arange(self.block_size, dtype=torch.int64, device=self.device)
         self.overlap_schedule = not get_schedule().disable_overlap_schedule
         self.clock = StepClock(self.overlap_schedule)  # decode step periods for the cost model
         self._last_decode_reqs = []  # requests of the last decode step (idle detection)
-        self.last_threshold = None  # the last ragged verify's survival threshold
         self._trace = _open_trace()
         self.policy = self._build_policy()
-        self._ragged: bool | None = None  # ragged verify on? decided at the first decode step
         self.stats = SpecStats(self.block_size - 1)
         logger.info(
             "sglang-dflash worker: v%d drafter, %d layers, block %d, target layers %s",
@@ -114,58 +119,47 @@ class DFlashWorker(BaseSpecWorker):
 
     # ---- construction -------------------------------------------------------------
 
-    def _load_drafter(self, path):
+    def _load_drafter(self, path, revision):
         hf = self.model_runner.model_config.hf_text_config
+        path = resolve_drafter_path(path, revision)  # a local directory once start-up resolved it
         drafter = load_drafter(
             path,
             target_hidden_size=int(hf.hidden_size),
             target_vocab_size=int(hf.vocab_size),
-            target_num_layers=int(hf.num_hidden_layers),
+            target_num_layers=int(hf.num_hidden_layers) * int(getattr(hf, "num_loops", 1) or 1),
             dtype=self.model_runner.dtype,
         )
         return drafter.to(self.device).eval()
 
+    def _merge_mask_embedding(self):
+        """A trained mask embedding (`mask_embedding.pt`) replaces the target
+        embedding's mask row, as upstream does: the block's MASK inputs are
+        embedded through the target's table."""
+        emb = mask_embedding_for(self.drafter, self.mask_token_id)  # raises on an id mismatch
+        if emb is None:
+            return
+        weight = self.model_runner.model.model.embed_tokens.weight
+        with torch.no_grad():
+            weight[self.mask_token_id].copy_(emb.to(weight.dtype))
+
     def _build_policy(self) -> SpeculationPolicy:
-        cfg = load_policy_config()
-        if self.overlap_schedule and cfg.probe_length < 2:
+        cfg = policy_config(get_spec())
+        tuning = TUNING
+        if self.overlap_schedule and tuning.probe_length < 2:
             # Under overlap only a probe's second step is timed cleanly (see StepClock).
-            cfg = dataclasses.replace(cfg, probe_length=2)
+            tuning = dataclasses.replace(tuning, probe_length=2)
         if cfg.mode != "adaptive":
-            return SpeculationPolicy(cfg, self.block_size)
+            return SpeculationPolicy(cfg, self.block_size, tuning=tuning)
         from sglang_dflash.adapter.profile import profile_costs
 
         start = time.perf_counter()
-        samples = profile_costs(self.model_runner.model, self.drafter, self.block_size, widths=cfg.widths)
+        samples = profile_costs(self.model_runner.model, self.drafter, self.block_size)
         logger.info("sglang-dflash: cost profile (%d samples) in %.1fs",
                     len(samples), time.perf_counter() - start)
         if self._trace is not None:  # so a trace replays offline through the same CostModel
             self._trace.write(json.dumps({"pid": os.getpid(), "t": round(time.perf_counter(), 6),
                                           "kind": "profile", "samples": samples}) + "\n")
-        return SpeculationPolicy.from_profile(cfg, self.block_size, samples)
-
-    @property
-    def ragged(self) -> bool:
-        if self._ragged is None:
-            self._ragged = self._ragged_verify_available()
-        return self._ragged
-
-    def _ragged_verify_available(self) -> bool:
-        """Ragged verify (policy truncate_below) where the attention backend can
-        verify ragged blocks: ours, for torch_native. Asked at the first decode
-        step: the target's backend is built after this worker."""
-        setting = self.policy.cfg.truncate_below
-        if not self.policy.ragged:
-            return False
-        from sglang_dflash.adapter.attention import VerifyCapableTorchNativeAttnBackend
-
-        backend = getattr(self.model_runner, "attn_backend", None)
-        if not isinstance(backend, VerifyCapableTorchNativeAttnBackend):
-            logger.warning("sglang-dflash: truncate_below = %r ignored: ragged verify is implemented "
-                           "for the torch_native attention backend only (this one: %s)",
-                           setting, type(backend).__name__)
-            return False
-        logger.info("sglang-dflash: ragged verify, survival threshold %r", setting)
-        return True
+        return SpeculationPolicy.from_profile(cfg, self.block_size, samples, tuning=tuning)
 
     def alloc_memory_pool(
         self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None
@@ -183,6 +177,11 @@ class DFlashWorker(BaseSpecWorker):
             device=self.device,
         )
         self.context = DraftContext(kv, self._project_context)
+        self.verify_logits = VerifyLogits(
+            num_slots=req_to_token_pool.req_to_token.shape[0],
+            vocab_size=int(self.model_runner.model_config.vocab_size),
+            device=self.device,
+        )
 
     def init_attention_backends(self):
         pass
@@ -205,7 +204,7 @@ class DFlashWorker(BaseSpecWorker):
             return self._prefill(batch, on_publish, pp_proxy_tensors)
         if batch.forward_mode.is_idle():
             raise NotImplementedError("sglang-dflash: idle batches (DP attention) are not supported")
-        return self._decode(batch, on_publish)
+        return self._decode(batch, on_publish, grammar_barrier)
 
     def _prefill(self, batch, on_publish, pp_proxy_tensors):
         # The decode step before this prefill ends here, and its period up to now
@@ -224,6 +223,7 @@ class DFlashWorker(BaseSpecWorker):
             pp_proxy_tensors=pp_proxy_tensors,
             capture_hidden_mode=CaptureHiddenMode.FULL,
         )
+        self.verify_logits.on_prefill(batch, out.next_token_ids)
         hidden = out.logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DFLASH prefill: the target returned no captured hidden states")
@@ -249,7 +249,7 @@ class DFlashWorker(BaseSpecWorker):
         self.stats.time_prefill(time.perf_counter() - start)
         return out
 
-    def _decode(self, batch, on_publish):
+    def _decode(self, batch, on_publish, grammar_barrier=None):
         draft_input = batch.spec_info
         if not isinstance(draft_input, DFlashDraftInputV2):
             raise RuntimeError("DFLASH decode expects DFlashDraftInputV2 on the batch")
@@ -270,7 +270,8 @@ class DFlashWorker(BaseSpecWorker):
         anchor = draft_input.bonus_tokens.to(torch.int64)
         sampling = _sampling_rows(batch.sampling_info, bs)
         if width == 0:
-            return self._decode_off(batch, on_publish, anchor, prefix, sampling)
+            return self._decode_off(batch, draft_input, on_publish, anchor, prefix, sampling,
+                                    grammar_barrier)
         num_verify = width + 1
         positions = prefix.unsqueeze(1) + self._offsets[:num_verify]  # [bs, W+1] the verify rows
         max_prefix = int(prefix.max())  # the step's one host read of the lengths
@@ -279,23 +280,14 @@ class DFlashWorker(BaseSpecWorker):
         walk_u, verify_u = self._draw_uniforms(batch.reqs, prefix, width)
         block = make_blocks(anchor, prefix, self.mask_token_id, self.block_size)
         proposal = self._draft(block, rows, prefix, max_prefix, sampling, width, walk_u)
-        limits, limits_cpu = self._limits(proposal, width)  # [bs] drafts each request verifies; None = all W
-        verify_limits = None
-        if limits_cpu is not None:
-            kept = max(limits_cpu)
-            if kept < width:
-                # No request verifies past `kept`: the step is that narrower
-                # block, uniform when every request keeps it (always at batch 1).
-                num_verify = kept + 1
-                proposal, verify_u = narrow_step(proposal, verify_u, kept)
-                positions, cache_loc = positions[:, :num_verify], cache_loc[:, :num_verify]
-            if min(limits_cpu) < kept:
-                verify_limits = limits
         verify_ids = torch.cat([anchor.unsqueeze(1), proposal.drafts], dim=1)
-        logits_output = self._verify(batch, verify_ids, positions, cache_loc, num_verify, verify_limits, limits_cpu)
+        logits_output = self._verify(batch, verify_ids, positions, cache_loc, num_verify)
+        self.verify_logits.adjust(batch, logits_output.next_token_logits, verify_ids, grammar_barrier)
         logits = logits_output.next_token_logits.view(bs, num_verify, -1)
-        result = verify_block(proposal.drafts, logits, sampling, proposal.q, verify_u, verify_limits)
+        result = verify_block(proposal.drafts, logits, sampling, proposal.q, verify_u)
+        self.verify_logits.on_commit(batch, result.tokens, result.accept_len)
         plan = plan_commit(result.accept_len, prefix, num_verify)
+        self._report_sampling(batch, draft_input, logits_output, result.tokens, plan.commit_lens)
         if on_publish is not None:
             on_publish(plan.new_seq_lens)
 
@@ -304,22 +296,11 @@ class DFlashWorker(BaseSpecWorker):
         hidden = logits_output.hidden_states.view(bs, num_verify, -1)
         self.context.commit(hidden[plan.keep], positions[plan.keep], cache_loc[plan.keep])
         logits_output.hidden_states = None
-        self._pending_steps.append((width, bs, self.policy.steps - 1, limits_cpu))
+        self._pending_steps.append((width, bs, self.policy.steps - 1))
         return self._step_result(logits_output, result.tokens, result.bonus, plan.commit_lens, plan.new_seq_lens)
 
-    def _limits(self, proposal: Proposal, width: int):
-        """Under ragged verify: (per-request verified drafts [bs], the same as
-        a host list), also when nothing is cut (the policy's feedback counts
-        every ragged step); (None, None) without truncation."""
-        if not self.ragged or proposal.confidence is None:
-            return None, None
-        bs = proposal.drafts.shape[0]
-        self.last_threshold = threshold = self.policy.truncation_threshold(bs, width)
-        limits = draft_limits(proposal.confidence, width, threshold)
-        limits_cpu = limits.tolist()  # the step's one host read of them: free on CPU, the only ragged backend
-        return limits, limits_cpu
-
-    def _decode_off(self, batch, on_publish, anchor, prefix, sampling):
+    def _decode_off(self, batch, draft_input, on_publish, anchor, prefix, sampling,
+                    grammar_barrier=None):
         """Speculation off (W = 0): a plain decode step through the verify path,
         one row per request, without the block, the drafter, the walk's draws or
         a commit plan (every request commits exactly its anchor). At a few
@@ -330,6 +311,7 @@ class DFlashWorker(BaseSpecWorker):
         positions = prefix.unsqueeze(1)  # [bs, 1] the anchor's position
         cache_loc = self._token_slots(batch.req_pool_indices, positions)  # [bs, 1]
         logits_output = self._verify(batch, anchor.unsqueeze(1), positions, cache_loc, 1)
+        self.verify_logits.adjust(batch, logits_output.next_token_logits, anchor.unsqueeze(1), grammar_barrier)
         logits = logits_output.next_token_logits  # [bs, V]
         if sampling is None:
             bonus = logits.argmax(dim=-1)  # greedy: what verify_block emits with no drafts
@@ -337,6 +319,9 @@ class DFlashWorker(BaseSpecWorker):
             verify_u = self._draw_uniforms(batch.reqs, prefix, 0)[1]
             no_drafts = anchor.new_empty((bs, 0))
             bonus = verify_block(no_drafts, logits.view(bs, 1, -1), sampling, None, verify_u).tokens[:, 0]
+        self.verify_logits.on_commit(batch, bonus.unsqueeze(1), None)
+        self._report_sampling(batch, draft_input, logits_output, bonus.unsqueeze(1),
+                              torch.ones_like(bonus))
         new_seq_lens = prefix + 1
         if on_publish is not None:
             on_publish(new_seq_lens)
@@ -345,7 +330,7 @@ class DFlashWorker(BaseSpecWorker):
         # alias the forward's output buffer.
         self.context.commit(logits_output.hidden_states.clone(), prefix, cache_loc[:, 0], defer=True)
         logits_output.hidden_states = None
-        self._pending_steps.append((0, bs, self.policy.steps - 1, None))
+        self._pending_steps.append((0, bs, self.policy.steps - 1))
         return self._step_result(logits_output, bonus.unsqueeze(1), bonus, None, new_seq_lens)
 
     def _step_result(self, logits_output, tokens, bonus, commit_lens, new_seq_lens) -> GenerationBatchResult:
@@ -385,12 +370,12 @@ class DFlashWorker(BaseSpecWorker):
         step = self._pop_pending(len(accepted))
         if step is None:
             return
-        width, bs, index, limits = step
-        self.stats.observe(width, accepted, limits)
+        width, bs, index = step
+        self.stats.observe(width, accepted)
         if width == 0:
             self.policy.observe_plain(None, bs, step=index)
         else:
-            self.policy.observe_verify(width, accepted, None, bs, step=index, limits=limits)
+            self.policy.observe_verify(width, accepted, None, bs, step=index)
 
     def _pop_pending(self, bs):
         """The oldest decode step awaiting feedback, in launch order. A step whose
@@ -426,7 +411,6 @@ class DFlashWorker(BaseSpecWorker):
             "drafter_version": self.drafter.cfg.version,
             "overlap_schedule": self.overlap_schedule,
             "policy": self.policy.snapshot(),
-            "truncate_threshold": None if self.last_threshold is None else round(self.last_threshold, 4),
             **self.stats.snapshot(),
         }
 
@@ -468,9 +452,8 @@ class DFlashWorker(BaseSpecWorker):
         ctx_k, ctx_v = self.context.gather(slots)
         embeds = self._embed(block.token_ids)
         hidden = self.drafter.forward_block(embeds, block.positions, ctx_k, ctx_v, valid)[:, 1:]
-        with_confidence = self.ragged
         if self.drafter.cfg.version == 1:
-            return propose_argmax(hidden, self._lm_head_weight(), with_confidence)
+            return propose_argmax(hidden, self._lm_head_weight())
         bs = hidden.shape[0]
         if sampling is None:  # all greedy
             greedy = torch.ones(bs, dtype=torch.bool, device=self.device)
@@ -479,40 +462,42 @@ class DFlashWorker(BaseSpecWorker):
             greedy, temperature = sampling.greedy, sampling.temperature
         return propose_selector(
             self.drafter, hidden, block.token_ids[:, 0], self._lm_head_weight(),
-            temperature, greedy, uniforms, with_confidence,
+            temperature, greedy, uniforms,
         )
 
-    def _verify(self, batch, verify_ids, positions, cache_loc, num_verify, limits=None, limits_cpu=None):
-        """Target TARGET_VERIFY forward over [bs, num_verify] rows; with `limits`
-        only each request's anchor and first limits[i] drafts run (packed, a
-        ragged layout), and the outputs come back padded to [bs * num_verify]
-        (`ragged.unpack_rows`: the rows that did not run are never read).
-        limits_cpu: the same limits as a host list."""
-        rows = None if limits is None else verify_mask(limits, num_verify)  # [bs, W+1]
-        pick = (lambda t: t.reshape(-1)) if rows is None else (lambda t: t[rows])  # noqa: E731
+    def _verify(self, batch, verify_ids, positions, cache_loc, num_verify):
+        """Target TARGET_VERIFY forward over [bs, num_verify] rows (raw logits)."""
         verify_input = DFlashVerifyInput(
-            draft_token=pick(verify_ids),
-            positions=pick(positions),
+            draft_token=verify_ids.reshape(-1),
+            positions=positions.reshape(-1),
             draft_token_num=num_verify,
             custom_mask=None,
             capture_hidden_mode=CaptureHiddenMode.FULL,
-            ragged_verify_layout=None if rows is None else _ragged_layout(limits, limits_cpu),
         )
-        batch.out_cache_loc = pick(cache_loc)
+        batch.out_cache_loc = cache_loc.reshape(-1)
         forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
         out = self.target_worker.forward_batch_generation(
             batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True
         )
-        logits_output = out.logits_output
-        if rows is not None:
-            logits_output.next_token_logits = unpack_rows(logits_output.next_token_logits, rows)
-            logits_output.hidden_states = unpack_rows(logits_output.hidden_states, rows)
-        apply_dflash_verify_logits_adjustments(
-            next_token_logits=logits_output.next_token_logits,
-            sampling_info=batch.sampling_info,
-            draft_token_num=num_verify,
-        )
-        return logits_output
+        return out.logits_output
+
+    @staticmethod
+    def _report_sampling(batch, draft_input, logits_output, tokens, commit_lens):
+        """What requests asked to see of the sampling of their committed tokens
+        (tokens [bs, R], PAD after the bonus; never read past commit_lens), from
+        the adjusted verify logits as plain decoding computes it: output logprobs
+        (with the requested top / id logprobs) and sampling masks (the support of
+        p each token was drawn from)."""
+        bs, rows = tokens.shape
+        ids = tokens.clamp(min=0)
+        if batch.return_logprob:
+            compute_spec_logprobs(batch, logits_output, ids.reshape(-1), chain_stride=rows)
+        capture = SpeculativeSamplingMaskCapture.from_logits(
+            batch.sampling_info, next_token_logits=logits_output.next_token_logits,
+            draft_input=draft_input, draft_token_num=rows, bs=bs)
+        if capture is not None:
+            logits_output.sampling_mask_output = capture.build_output(
+                out_tokens=ids, commit_lens=commit_lens.to(torch.int32))
 
     def _project_context(self, target_hidden, positions):
         """Target features [N, n*H] at positions [N] -> drafter context K/V."""
@@ -538,23 +523,6 @@ def _sampling_rows(sampling_info, bs: int):
         top_p=sampling_info.top_ps.view(bs).float(),
         top_k=sampling_info.top_ks.view(bs).to(torch.int64),
         min_p=sampling_info.min_ps.view(bs).float(),
-    )
-
-
-def _ragged_layout(limits: torch.Tensor, limits_cpu: list[int]):
-    """SGLang's RaggedVerifyLayout for per-request verified drafts [bs] (verify
-    lengths limits + 1), built directly (its constructors run a Triton kernel,
-    absent on CPU hosts)."""
-    from sglang.srt.speculative.ragged_verify import RaggedVerifyLayout
-
-    lens = (limits + 1).to(torch.int32)
-    lens_cpu = [n + 1 for n in limits_cpu]
-    indptr = torch.zeros(len(lens_cpu) + 1, dtype=torch.int32, device=lens.device)
-    indptr[1:] = torch.cumsum(lens, dim=0)
-    total = sum(lens_cpu)
-    return RaggedVerifyLayout(
-        verify_lens=lens, graph_num_tokens=total, extend_start_loc=indptr[:-1],
-        qo_indptr_device=indptr, verify_lens_cpu=lens_cpu, total_verify_tokens=total,
     )
 
 

@@ -1,0 +1,127 @@
+"""Sampling penalties at every verified position, as plain decoding applies them.
+
+Plain decoding penalizes the logits of step t with counts of the tokens
+generated before t: frequency (minus f per occurrence), presence (minus p once
+a token occurred), repetition (logit / r if positive, * r if negative, once a
+token occurred) and min_new_tokens (stop tokens at -inf while fewer than
+min_new_tokens tokens were generated). In a verify block, row k predicts the
+token after drafts d_1..d_k, so its counts are the committed ones plus
+d_1..d_k: the rows differ, and applying the block-start counts to every row
+(what a per-step penalty would do) changes the output.
+
+`OutputCounts` keeps, per request slot, the committed output tokens' counts
+and their number (the anchor included); `apply_block_penalties` penalizes the
+rows of a block in place, additive penalties first, then the repetition
+scaling (SGLang's order). Only scatter / gather / where: no host sync, and no
+[bs, rows, V] temporaries beyond the logits themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PenaltyParams:
+    """Per-request penalty settings of one step (rows in batch order)."""
+
+    frequency: torch.Tensor  # [bs] float32, 0 = off
+    presence: torch.Tensor  # [bs] float32, 0 = off
+    repetition: torch.Tensor  # [bs] float32, 1 = off
+    min_new_tokens: torch.Tensor  # [bs] int64, 0 = off
+    stop_mask: torch.Tensor | None  # [bs, V] bool: stop tokens (EOS, stop ids); None if no min_new_tokens
+
+
+class OutputCounts:
+    """Committed output tokens per request slot: counts [slots, V] and lengths [slots].
+
+    Rows are indexed by SGLang's request pool slot (`req_pool_indices`), which a
+    request keeps while it runs; a new request's prefill resets its row."""
+
+    def __init__(self, num_slots: int, vocab_size: int, device) -> None:
+        self.counts = torch.zeros((num_slots, vocab_size), dtype=torch.float32, device=device)
+        self.lengths = torch.zeros(num_slots, dtype=torch.int64, device=device)
+
+    def reset(self, slots: torch.Tensor, tokens: list[list[int]]) -> None:
+        """Rows `slots` [n] start over with the output tokens `tokens[i]` (host lists)."""
+        self.counts[slots] = 0.0
+        self.lengths[slots] = torch.tensor([len(t) for t in tokens], device=self.lengths.device)
+        for row, toks in zip(slots.tolist(), tokens):
+            if toks:
+                index = torch.tensor(toks, dtype=torch.int64, device=self.counts.device)
+                self.counts[row].scatter_add_(0, index, torch.ones_like(index, dtype=torch.float32))
+
+    def add(self, slots: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor) -> None:
+        """Count tokens [n, m] where keep [n, m] (committed ones) into rows `slots` [n]."""
+        rows = self.counts[slots]  # [n, V] copy
+        index = torch.where(keep, tokens.long(), 0)  # padding may lie outside the vocabulary
+        rows.scatter_add_(1, index, keep.to(rows.dtype))
+        self.counts[slots] = rows
+        self.lengths[slots] += keep.sum(dim=1)
+
+
+def _first_occurrence(drafts: torch.Tensor) -> torch.Tensor:
+    """[bs, S] int64: index of the first draft equal to each draft (itself if first)."""
+    num = drafts.shape[1]
+    same = drafts.unsqueeze(2) == drafts.unsqueeze(1)  # [bs, S, S]: d_j == d_i
+    earlier = torch.ones(num, num, dtype=torch.bool, device=drafts.device).tril()  # i <= j
+    idx = torch.arange(num, device=drafts.device).expand(num, num)
+    candidates = torch.where(same & earlier, idx, num)
+    return candidates.min(dim=2).values
+
+
+def apply_block_penalties(logits: torch.Tensor, drafts: torch.Tensor, counts: torch.Tensor,
+                          lengths: torch.Tensor, params: PenaltyParams) -> None:
+    """Penalize verify logits in place.
+
+    Args:
+        logits: [bs, R, V] rows 0..R-1 of the block (row k follows drafts 1..k).
+        drafts: [bs, R-1] int64 drafts d_1..d_{R-1}.
+        counts: [bs, V] committed output token counts (anchor included).
+        lengths: [bs] committed output lengths (anchor included).
+    """
+    bs, num_rows, vocab = logits.shape
+    num = num_rows - 1
+    dev = logits.device
+    k = torch.arange(num_rows, device=dev).view(1, num_rows, 1)  # row
+    j = torch.arange(1, num + 1, device=dev).view(1, 1, num)  # draft index (1-based)
+    reached = (k >= j).expand(bs, num_rows, num)  # [bs, R, S]: d_j precedes row k
+    index = drafts.long().view(bs, 1, num).expand(bs, num_rows, num)
+    base_seen = counts > 0  # [bs, V]
+    seen_draft = base_seen.gather(1, drafts.long()).view(bs, 1, num)  # d_j already counted
+    first = (_first_occurrence(drafts.long()) + 1).view(bs, 1, num)  # 1-based first position
+    new = reached & (first == j) & ~seen_draft  # d_j occurs for the first time at or before k
+
+    additive = -params.frequency.view(bs, 1, 1) * counts.view(bs, 1, vocab)
+    additive = additive - params.presence.view(bs, 1, 1) * base_seen.view(bs, 1, vocab)
+    logits.add_(additive)
+    src = -params.frequency.view(bs, 1, 1) * reached - params.presence.view(bs, 1, 1) * new
+    logits.scatter_add_(2, index, src.to(logits.dtype))
+    if params.stop_mask is not None:
+        short = (lengths.view(bs, 1) + k.view(1, num_rows)) < params.min_new_tokens.view(bs, 1)
+        block = short.unsqueeze(2) & params.stop_mask.view(bs, 1, vocab)
+        logits.add_(torch.where(block, float("-inf"), 0.0).to(logits.dtype))
+    _apply_repetition(logits, index, first, seen_draft, base_seen, params.repetition)
+
+
+def _apply_repetition(logits, index, first, seen_draft, base_seen, penalty) -> None:
+    """The multiplicative repetition penalty: committed tokens on every row, and a
+    draft's token from the first row after its first occurrence (every entry of
+    a token in a row writes the same value, so the scatter has no conflicts)."""
+    bs = logits.shape[0]
+    r = penalty.view(bs, 1, 1).to(logits.dtype)
+    scaled = torch.where(logits < 0, logits * r, logits / r)
+    logits.copy_(torch.where(base_seen.unsqueeze(1), scaled, logits))
+    k = torch.arange(logits.shape[1], device=logits.device).view(1, -1, 1)
+    apply = (k >= first) & ~seen_draft  # [bs, R, S]: the token has occurred by row k
+    values = logits.gather(2, index)
+    values = torch.where(apply, torch.where(values < 0, values * r, values / r), values)
+    logits.scatter_(2, index, values)
+
+
+def commit_keep(accept_len: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """[bs, R] bool: the tokens of an output row [d_1..d_n, bonus, PAD...] that were committed."""
+    cols = torch.arange(num_rows, device=accept_len.device).unsqueeze(0)
+    return cols <= accept_len.unsqueeze(1)

@@ -1,0 +1,254 @@
+"""Request features under DFLASH against the same server without speculation (the
+oracle): penalties, min_new_tokens, logit bias, logprobs (native and OpenAI),
+structured output (regex, JSON schema, EBNF, json_object), and a mixed batch.
+The demo pair, so drafts are often accepted and every verified position matters.
+
+The plain oracle runs without the overlap scheduler: there SGLang counts every
+generated token before the next step's penalties (under overlap its penalizer
+sees the last token one step late), which is the rule DFLASH implements."""
+
+import json
+import math
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from harness import Server
+from sglang_dflash.demo import demo_pair
+
+EGGS = ("<|im_start|>user\nJanet has 16 eggs and eats 3. How many are left?<|im_end|>\n"
+        "<|im_start|>assistant\n")
+PROMPTS = [
+    EGGS,
+    "<|im_start|>user\nWrite a Python function that reverses a list.<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>user\nTell me about the sea.<|im_end|>\n<|im_start|>assistant\n",
+]
+
+
+def _serve(spec: bool, sync: bool = False) -> Server:
+    target, drafter = demo_pair()
+    args = ["--model-path", target, "--dtype", "float32", "--grammar-backend", "xgrammar"]
+    if spec:
+        args += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drafter]
+    if sync:
+        args.append("--disable-overlap-schedule")
+    return Server(args)
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """(plain, DFLASH): the harness pins the policy to always-on (every step verifies
+    the whole block)."""
+    plain = _serve(spec=False, sync=True)
+    try:
+        dflash = _serve(spec=True)
+    except Exception:
+        plain.stop()
+        raise
+    yield plain, dflash
+    dflash.stop()
+    plain.stop()
+
+
+def _gen(server, text, timeout=300, **params):
+    top = {k: params.pop(k) for k in list(params) if k in _TOP_LEVEL}
+    body = {"sampling_params": {"max_new_tokens": 64, "temperature": 0, **params}, **top}
+    if "input_ids" not in top:
+        body["text"] = text
+    r = requests.post(server.url + "/generate", json=body, timeout=timeout)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+_TOP_LEVEL = {"return_logprob", "top_logprobs_num", "token_ids_logprob", "logprob_start_len", "input_ids",
+              "return_sampling_mask"}
+
+PENALTIES = [
+    {"frequency_penalty": 0.5},
+    {"presence_penalty": 0.8},
+    {"repetition_penalty": 1.3},
+    {"frequency_penalty": 0.3, "presence_penalty": 0.3},
+    {"min_new_tokens": 40},
+    {"min_new_tokens": 200, "max_new_tokens": 220},
+]
+
+
+@pytest.mark.parametrize("params", PENALTIES, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+def test_penalties_greedy_identical_to_plain(servers, params):
+    plain, dflash = servers
+    for prompt in PROMPTS:
+        want = _gen(plain, prompt, **params)
+        got = _gen(dflash, prompt, **params)
+        assert got["output_ids"] == want["output_ids"], (params, prompt[:40])
+    # The penalty really changes the output (the test would catch it being ignored).
+    base = _gen(plain, EGGS, max_new_tokens=params.get("max_new_tokens", 64))
+    assert _gen(dflash, EGGS, **params)["output_ids"] != base["output_ids"]
+
+
+def test_logit_bias_identical_to_plain(servers):
+    plain, dflash = servers
+    base = _gen(plain, EGGS)["output_ids"]
+    bias = {str(base[3]): -100.0, str(base[6]): 5.0}
+    want = _gen(plain, EGGS, logit_bias=bias)["output_ids"]
+    assert want != base
+    assert _gen(dflash, EGGS, logit_bias=bias)["output_ids"] == want
+
+
+def test_min_new_tokens_sampled_never_stops_early(servers):
+    _, dflash = servers
+    for seed in range(10):
+        out = _gen(dflash, EGGS, temperature=0.7, min_new_tokens=60, max_new_tokens=120, sampling_seed=seed)
+        assert out["meta_info"]["completion_tokens"] >= 60, seed
+
+
+def _close(a, b, tol=1e-3):
+    return all(math.isclose(x, y, abs_tol=tol) for x, y in zip(a, b)) and len(a) == len(b)
+
+
+def test_logprobs_equal_plain(servers):
+    plain, dflash = servers
+    params = dict(return_logprob=True, top_logprobs_num=3, token_ids_logprob=[5, 17], logprob_start_len=0)
+    want, got = _gen(plain, EGGS, **params)["meta_info"], _gen(dflash, EGGS, **params)["meta_info"]
+    assert [t for _, t, *_ in got["output_token_logprobs"]] == [t for _, t, *_ in want["output_token_logprobs"]]
+    assert _close([v for v, *_ in got["output_token_logprobs"]], [v for v, *_ in want["output_token_logprobs"]])
+    for g, w in zip(got["output_top_logprobs"], want["output_top_logprobs"], strict=True):
+        assert [t for _, t, *_ in g] == [t for _, t, *_ in w]
+        assert _close([v for v, *_ in g], [v for v, *_ in w])
+    for g, w in zip(got["output_token_ids_logprobs"], want["output_token_ids_logprobs"], strict=True):
+        assert _close([v for v, *_ in g], [v for v, *_ in w])
+    assert _close([v or 0.0 for v, *_ in got["input_token_logprobs"]],
+                  [v or 0.0 for v, *_ in want["input_token_logprobs"]])
+
+
+def test_sampled_logprobs_are_the_targets(servers):
+    """Sampled at T = 1 the two servers draw different tokens, so the oracle scores
+    DFLASH's own output: plain's prompt logprobs of prompt + output at those
+    positions are log p of each emitted token, which DFLASH must report."""
+    plain, dflash = servers
+    got = _gen(dflash, EGGS, temperature=1.0, sampling_seed=3, return_logprob=True, max_new_tokens=48)
+    out = got["meta_info"]["output_token_logprobs"]
+    ids = [t for _, t, *_ in out]
+    prompt_ids = _gen(plain, EGGS, max_new_tokens=1, return_logprob=True,
+                      logprob_start_len=0)["meta_info"]["input_token_logprobs"]
+    n_prompt = len(prompt_ids)
+    scored = _gen(plain, "", input_ids=[t for _, t, *_ in prompt_ids] + ids, max_new_tokens=1,
+                  return_logprob=True, logprob_start_len=n_prompt)["meta_info"]["input_token_logprobs"]
+    assert [t for _, t, *_ in scored] == ids
+    # SGLang reports no logprob for the first token of a prompt window.
+    pairs = [(v, w) for (v, *_), (w, *_) in zip(out, scored) if w is not None]
+    assert len(pairs) >= len(ids) - 1
+    assert _close([v for v, _ in pairs], [w for _, w in pairs])
+
+
+def test_sampling_mask_greedy_equal_plain(servers):
+    plain, dflash = servers
+    want = _gen(plain, EGGS, return_sampling_mask=True)["meta_info"]
+    got = _gen(dflash, EGGS, return_sampling_mask=True)["meta_info"]
+    assert got["output_token_sampling_mask"] == want["output_token_sampling_mask"]
+    assert len(got["output_token_sampling_mask"]) == got["completion_tokens"]
+
+
+def test_sampling_mask_sampled_is_the_targets_support(servers):
+    """Sampled with top_k 8: each committed token's mask is the support of the
+    target's p at its prefix (the top 8 tokens), which the plain server reports
+    as prompt top logprobs when it scores DFLASH's own output."""
+    plain, dflash = servers
+    got = _gen(dflash, EGGS, temperature=1.0, top_k=8, sampling_seed=5, max_new_tokens=32,
+               return_sampling_mask=True, return_logprob=True)["meta_info"]
+    ids = [t for _, t, *_ in got["output_token_logprobs"]]
+    masks = got["output_token_sampling_mask"]
+    assert len(masks) == len(ids)
+    assert all(t in m and len(m) <= 8 for t, m in zip(ids, masks))
+    prompt = _gen(plain, EGGS, max_new_tokens=1, return_logprob=True,
+                  logprob_start_len=0)["meta_info"]["input_token_logprobs"]
+    start = len(prompt) - 1
+    scored = _gen(plain, "", input_ids=[t for _, t, *_ in prompt] + ids, max_new_tokens=1,
+                  return_logprob=True, top_logprobs_num=8, logprob_start_len=start)["meta_info"]
+    # Row j is the prompt position start + j: its token and the top 8 of the p it came from.
+    rows = list(zip(scored["input_token_logprobs"], scored["input_top_logprobs"]))[1:]
+    assert [tok for (_, tok, *_), _ in rows] == ids
+    assert [sorted(m) for m in masks] == [sorted(t for _, t, *_ in top) for _, top in rows]
+
+
+def test_openai_chat_logprobs_equal_plain(servers):
+    plain, dflash = servers
+    body = {"model": "default", "messages": [{"role": "user", "content": "How many legs has a cat?"}],
+            "max_tokens": 48, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    want = requests.post(plain.url + "/v1/chat/completions", json=body, timeout=300).json()
+    r = requests.post(dflash.url + "/v1/chat/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    w, g = want["choices"][0]["logprobs"]["content"], got["choices"][0]["logprobs"]["content"]
+    assert [x["token"] for x in g] == [x["token"] for x in w]
+    assert _close([x["logprob"] for x in g], [x["logprob"] for x in w])
+    assert [[t["token"] for t in x["top_logprobs"]] for x in g] == \
+        [[t["token"] for t in x["top_logprobs"]] for x in w]
+
+
+def test_mixed_batch_with_and_without_logprobs_and_penalties(servers):
+    """Concurrent requests share decode batches: with and without logprobs,
+    penalties and grammar; each equals its plain answer and the server keeps serving."""
+    plain, dflash = servers
+    requests_ = [
+        dict(text=PROMPTS[0], return_logprob=True, top_logprobs_num=2),
+        dict(text=PROMPTS[1]),
+        dict(text=PROMPTS[2], frequency_penalty=0.7),
+        dict(text=PROMPTS[0], regex=r"[0-9]+ eggs"),
+        dict(text=PROMPTS[1], return_logprob=True, presence_penalty=0.5),
+        dict(text=PROMPTS[2], min_new_tokens=30),
+    ]
+
+    def run(server, req):
+        req = dict(req)
+        return _gen(server, req.pop("text"), **req)
+
+    with ThreadPoolExecutor(len(requests_)) as pool:
+        got = list(pool.map(lambda r: run(dflash, r), requests_))
+    want = [run(plain, r) for r in requests_]
+    for g, w, r in zip(got, want, requests_):
+        assert g["output_ids"] == w["output_ids"], r
+    assert requests.get(dflash.url + "/health_generate", timeout=60).status_code == 200
+
+
+GRAMMARS = [
+    {"regex": r"(yes|no), [a-z]+ [0-9]{1,3}\."},
+    {"json_schema": json.dumps({"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 8}, "eggs": {"type": "integer"}},
+        "required": ["name", "eggs"]})},
+    {"ebnf": 'root ::= "The answer is " digit digit? "."\ndigit ::= [0-9]'},
+]
+
+
+@pytest.mark.parametrize("grammar", GRAMMARS, ids=["regex", "json_schema", "ebnf"])
+def test_structured_output_greedy_identical_to_plain(servers, grammar):
+    plain, dflash = servers
+    want = _gen(plain, EGGS, max_new_tokens=48, **grammar)
+    got = _gen(dflash, EGGS, max_new_tokens=48, **grammar)
+    assert got["output_ids"] == want["output_ids"]
+    assert got["meta_info"]["spec_verify_ct"] > 0
+
+
+def test_structured_output_sampled_is_always_valid(servers):
+    """Sampled at T = 1, every output matches its grammar (closed patterns, so an
+    output cut by max_new_tokens cannot pass for a valid one)."""
+    _, dflash = servers
+    patterns = [r"(yes|no), [a-z]+ [0-9]{1,3}\.", r'\{"eggs": [0-9]{1,4}, "left": (true|false)\}']
+    for seed in range(6):
+        for pattern in patterns:
+            out = _gen(dflash, EGGS, max_new_tokens=48, temperature=1.0, sampling_seed=seed, regex=pattern)
+            assert re.fullmatch(pattern, out["text"]), (pattern, out["text"])
+        out = _gen(dflash, EGGS, max_new_tokens=48, temperature=1.0, sampling_seed=seed,
+                   ebnf=GRAMMARS[2]["ebnf"])
+        assert re.fullmatch(r"The answer is [0-9][0-9]?\.", out["text"]), out["text"]
+
+
+def test_openai_json_object_response_format(servers):
+    plain, dflash = servers
+    body = {"model": "default", "messages": [{"role": "user", "content": "Give me a JSON object."}],
+            "max_tokens": 40, "temperature": 0, "response_format": {"type": "json_object"}}
+    want = requests.post(plain.url + "/v1/chat/completions", json=body, timeout=300).json()
+    r = requests.post(dflash.url + "/v1/chat/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]

@@ -1,0 +1,24 @@
+"""Targets the worker refuses at start-up, each with a named reason."""
+
+import pytest
+from sglang_dflash.target_support import unsupported_target_reason
+
+
+def test_full_attention_targets_are_served():
+    assert unsupported_target_reason({"model_type": "qwen3", "layer_types": ["full_attention"] * 4}) is None
+    # Qwen3 configs carry a sliding_window that is off unless use_sliding_window is set.
+    assert unsupported_target_reason({"model_type": "qwen3", "sliding_window": 4096,
+                                      "use_sliding_window": False}) is None
+
+
+@pytest.mark.parametrize("config, needle", [
+    ({"model_type": "qwen3_next", "full_attention_interval": 4}, "qwen3_next"),
+    ({"model_type": "qwen3_5_text"}, "linear-attention"),
+    ({"model_type": "custom", "full_attention_interval": 4}, "full_attention_interval"),
+    ({"model_type": "llama", "layer_types": ["full_attention", "linear_attention"]}, "linear_attention"),
+    ({"model_type": "gemma3_text", "layer_types": ["sliding_attention", "full_attention"]}, "sliding_attention"),
+    ({"model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": True}, "sliding-window"),
+])
+def test_hybrid_and_windowed_targets_are_refused(config, needle):
+    reason = unsupported_target_reason(config)
+    assert reason is not None and needle in reason
