@@ -55,20 +55,34 @@ def test_bad_alias_fails_startup():
     assert "SGLANG_DFLASH_POLICY: speculation policy: mode = 'sometimes'" in proc.stdout + proc.stderr
 
 
-def test_config_file_reaches_the_worker(tmp_path, monkeypatch):
-    """A served config (fixed width 2, with --speculative-adaptive absent) is the
-    policy the worker runs; /get_server_info reports it."""
+def test_config_file_reaches_the_worker_and_metrics_count_verified_drafts(tmp_path, monkeypatch):
+    """A served config (fixed width 2, --speculative-adaptive absent) is the policy the
+    worker runs; /get_server_info reports it. SGLang's accept rate would divide by
+    B-1 = 7 drafts per step; meta_info and the Prometheus gauge divide by the 2
+    drafts each step really verified (the demo drafter accepts most of them)."""
+    from sglang_dflash.demo import demo_pair
+
     monkeypatch.delenv("SGLANG_DFLASH_POLICY", raising=False)
+    target, drafter = demo_pair()
     path = _config(tmp_path, {"mode": "fixed", "fixed_width": 2})
-    server = Server(["--model-path", TARGET, "--speculative-algorithm", "DFLASH",
-                     "--speculative-draft-model-path", PATHS["drafter-random"],
-                     "--speculative-adaptive-config", path, "--dtype", "float32"])
+    server = Server(["--model-path", target, "--speculative-algorithm", "DFLASH",
+                     "--speculative-draft-model-path", drafter, "--speculative-adaptive-config", path,
+                     "--dtype", "float32", "--enable-metrics", "--decode-log-interval", "5"])
     try:
         reply = requests.post(server.url + "/generate", json={
-            "text": "hello", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}, timeout=120)
+            "text": "<|im_start|>user\nHow many legs has a cat?<|im_end|>\n<|im_start|>assistant\n",
+            "sampling_params": {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}}, timeout=120)
         assert reply.status_code == 200, reply.text
+        meta = reply.json()["meta_info"]
+        assert meta["spec_num_proposed_drafts"] == 2 * meta["spec_verify_ct"]
+        assert meta["spec_accept_rate"] == meta["spec_num_correct_drafts"] / meta["spec_num_proposed_drafts"]
+        assert meta["spec_accept_rate"] > 0.5
         info = requests.get(server.url + "/get_server_info", timeout=30).json()
-        policy = info["internal_states"][0]["dflash"]["policy"]
-        assert policy["mode"] == "fixed" and policy["width"] == 2, policy
+        state = info["internal_states"][0]["dflash"]
+        assert state["policy"]["mode"] == "fixed" and state["policy"]["width"] == 2, state["policy"]
+        assert state["draft_accept_rate"] > 0.5
+        metrics = requests.get(server.url + "/metrics", timeout=30).text
+        gauge = [line for line in metrics.splitlines() if line.startswith("sglang:spec_accept_rate")]
+        assert gauge and 0.5 < float(gauge[0].split()[-1]) <= 1.0, gauge
     finally:
         server.stop()

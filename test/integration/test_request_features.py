@@ -4,8 +4,9 @@ structured output (regex, JSON schema, EBNF, json_object), and a mixed batch.
 The demo pair, so drafts are often accepted and every verified position matters.
 
 The plain oracle runs without the overlap scheduler: there SGLang counts every
-generated token before the next step's penalties (under overlap its penalizer
-sees the last token one step late), which is the rule DFLASH implements."""
+generated token before the next step's penalties, the rule DFLASH implements
+(with the overlap scheduler plain SGLang's repetition-penalized output differed
+from its own synchronous run on this pair)."""
 
 import json
 import math
@@ -29,7 +30,8 @@ PROMPTS = [
 
 def _serve(spec: bool, sync: bool = False) -> Server:
     target, drafter = demo_pair()
-    args = ["--model-path", target, "--dtype", "float32", "--grammar-backend", "xgrammar"]
+    args = ["--model-path", target, "--dtype", "float32", "--grammar-backend", "xgrammar",
+            "--enable-custom-logit-processor"]
     if spec:
         args += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drafter]
     if sync:
@@ -63,7 +65,7 @@ def _gen(server, text, timeout=300, **params):
 
 
 _TOP_LEVEL = {"return_logprob", "top_logprobs_num", "token_ids_logprob", "logprob_start_len", "input_ids",
-              "return_sampling_mask"}
+              "return_sampling_mask", "custom_logit_processor", "return_hidden_states"}
 
 PENALTIES = [
     {"frequency_penalty": 0.5},
@@ -252,3 +254,41 @@ def test_openai_json_object_response_format(servers):
     r = requests.post(dflash.url + "/v1/chat/completions", json=body, timeout=300)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
+
+
+def _disallowed_tokens_processor() -> str:
+    from sglang_dflash import cpu_runtime
+
+    if not cpu_runtime.cuda_available():
+        cpu_runtime.activate()  # importing sglang needs the sgl_kernel stand-in here
+    from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
+
+    return DisallowedTokensLogitsProcessor().to_str()
+
+
+def test_custom_logit_processor_identical_to_plain(servers):
+    plain, dflash = servers
+    base = _gen(plain, EGGS)["output_ids"]
+    params = dict(custom_logit_processor=_disallowed_tokens_processor(),
+                  custom_params={"token_ids": [base[2], base[5]]})
+    want = _gen(plain, EGGS, **params)["output_ids"]
+    assert want != base and base[2] not in want
+    assert _gen(dflash, EGGS, **params)["output_ids"] == want
+
+
+def test_parallel_samples_n2(servers):
+    _, dflash = servers
+    body = {"text": EGGS, "sampling_params": {"max_new_tokens": 24, "temperature": 0.9, "n": 2}}
+    r = requests.post(dflash.url + "/generate", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    outs = r.json()
+    assert isinstance(outs, list) and len(outs) == 2
+    assert all(o["meta_info"]["completion_tokens"] > 0 for o in outs)
+
+
+def test_return_hidden_states_is_refused_and_server_keeps_serving(servers):
+    plain, dflash = servers
+    r = requests.post(dflash.url + "/generate", json={
+        "text": EGGS, "sampling_params": {"max_new_tokens": 8}, "return_hidden_states": True}, timeout=120)
+    assert r.status_code == 400 and "return_hidden_states" in r.text, (r.status_code, r.text)
+    assert _gen(dflash, EGGS)["output_ids"] == _gen(plain, EGGS)["output_ids"]

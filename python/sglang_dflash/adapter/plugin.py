@@ -52,12 +52,20 @@ def sampling_verify_available() -> bool:
     return True
 
 
+def _serves_dflash(manager) -> bool:
+    algorithm = getattr(getattr(manager, "server_args", None), "speculative_algorithm", None)
+    return str(algorithm).upper() == "DFLASH"
+
+
 VALIDATE_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 
 
 def check_input_ids(manager, obj, input_ids, *args, **kwargs):
     """BEFORE SGLang's request validation: token ids outside the vocabulary are a
-    bad request (400), not an IndexError that takes the scheduler down."""
+    bad request (400), not an IndexError that takes the scheduler down; under
+    DFLASH, so is `return_hidden_states` (the worker returns no per-token states)."""
+    if getattr(obj, "return_hidden_states", False) and _serves_dflash(manager):
+        raise ValueError("return_hidden_states is not supported with sglang-dflash DFLASH")
     if input_ids:
         vocab = manager.model_config.vocab_size
         bad = next((t for t in input_ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
@@ -105,4 +113,8 @@ def register() -> None:
     HookRegistry.register(MODEL_LOADER_TARGET, register_model_classes, HookType.BEFORE)
     HookRegistry.register(VALIDATE_TARGET, check_input_ids, HookType.BEFORE)
     HookRegistry.register(SAMPLING_VERIFY_TARGET, sampling_verify_available, HookType.REPLACE)
+    from sglang_dflash.adapter import metrics
+
+    HookRegistry.register(metrics.METRICS_TARGET, metrics.rescale_window_accept_rate, HookType.BEFORE)
+    HookRegistry.register(metrics.META_INFO_TARGET, metrics.per_request_accept_rate, HookType.AFTER)
     _registered = True

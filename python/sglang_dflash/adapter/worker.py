@@ -350,6 +350,10 @@ class DFlashWorker(BaseSpecWorker):
             next_draft_input=make_draft_input_v2(bonus_tokens=bonus, new_seq_lens=new_seq_lens),
             speculative_num_draft_tokens=self.block_size,
             new_seq_lens=new_seq_lens,
+            # Drafts each request really verified (W, 0 when off): SGLang's per-request
+            # "cap" counter carries them to meta_info and the metrics, whose accept
+            # rate would otherwise assume B-1 per step (adapter/metrics.py).
+            cap_lens=torch.full((bs,), num_verify - 1, dtype=torch.int32, device=self.device),
         )
 
     def _token_slots(self, req_pool_indices, positions):

@@ -1,0 +1,28 @@
+"""Every SGLang symbol the plugin hooks exists in the installed SGLang: HookRegistry
+logs a misspelt target and leaves the original in place, so a silent miss would
+only show as a feature that quietly does nothing."""
+
+import subprocess
+import sys
+
+from sglang_dflash import cpu_runtime
+
+CHECK = """
+import pkgutil
+from sglang_dflash import cpu_runtime
+if not cpu_runtime.cuda_available():
+    cpu_runtime.activate()
+from sglang_dflash.adapter import metrics, plugin
+targets = [v for k, v in vars(plugin).items() if k.endswith("_TARGET")]
+targets += [metrics.METRICS_TARGET, metrics.META_INFO_TARGET]
+for t in targets:
+    pkgutil.resolve_name(t)
+print(len(targets))
+"""
+
+
+def test_every_hook_target_resolves():
+    env = None if cpu_runtime.cuda_available() else cpu_runtime.cpu_env(dict(__import__("os").environ))
+    proc = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert int(proc.stdout.split()[-1]) >= 9
