@@ -21,6 +21,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import signal
 import sys
 
@@ -37,7 +38,9 @@ CONFIGS = ("plain", "dflash-on", "dflash-adaptive", "dflash-off", "ngram")
 RESULTS = os.path.join(common.RESULTS_DIR, "baseline")
 MARKDOWN = os.path.join(HERE, "BASELINE.md")
 PLOTS = os.path.join(HERE, "baseline")
-PLOT_KINDS = ("throughput", "speedup")  # one of each per workload: at most 6 PNGs
+PLOT_KINDS = ("speedup",)  # one per workload, plus the simulation's: at most 6 PNGs
+SIM_DIR = os.path.join(common.RESULTS_DIR, "sim")
+SIM_PLOT = "simulation.png"
 MAX_FAILURES_LISTED = 10
 
 NGRAM_ON_CPU = (
@@ -58,13 +61,18 @@ def parse_args(argv=None):
     p.add_argument("--out", default=RESULTS, help="the grid's output dir (default %(default)s)")
     p.add_argument("--md", default=MARKDOWN, help="the Markdown file to write (default %(default)s)")
     p.add_argument("--plots", default=PLOTS, help="the PNG dir (default %(default)s)")
+    p.add_argument("--fixed-length", action="store_true",
+                   help="every request decodes max tokens (ignore EOS); default: natural lengths")
+    p.add_argument("--sim", default=SIM_DIR, help="a benchmark/simulate.py --out dir to include "
+                   "as the simulation section, if it exists (default %(default)s)")
     return p.parse_args(argv)
 
 
 def grid_argv(opts) -> list[str]:
     """The grid.py arguments this baseline runs."""
-    return ["--configs", ",".join(CONFIGS), "--workloads", ",".join(grid.WORKLOADS),
+    argv = ["--configs", ",".join(CONFIGS), "--workloads", ",".join(grid.WORKLOADS),
             "--concurrency", opts.concurrency, "--repeats", str(opts.repeats), "--out", opts.out]
+    return argv if opts.fixed_length else argv + ["--allow-eos"]
 
 
 # ---------------------------------------------------------------------------
@@ -174,9 +182,50 @@ def criteria_section(report: dict) -> list[str]:
     return ["", "## Adaptive policy criteria"] + tables
 
 
-def markdown(report: dict, summary: list[dict], plots: list[str], img_prefix: str) -> str:
+def simulation_section(sim: dict | None, img: str | None) -> list[str]:
+    """The policy on a simulated H200 (benchmark/simulate.py), labelled as such."""
+    if sim is None:
+        return []
+    lines = ["", "## Simulation (not a measurement): the policy on one H200", "",
+             f"{sim['label']}. `python benchmark/simulate.py --out benchmark/results/sim` "
+             f"({sim['target']} target, block {sim['block_size']}); every cell drives the real "
+             "`SpeculationPolicy`. The device model's one fitted constant, a speculative step's "
+             "fixed overhead, is calibrated per scenario to one published cell; neither scenario "
+             "reproduces the published grid at both ends (the report in the sim dir gives the "
+             "error per published cell). Ratios to plain decoding; goal: adaptive >= 0.97 x "
+             "max(on, off) and >= plain."]
+    for sc in sim["scenarios"]:
+        lines += ["", f"### {sc['name']} (fixed overhead {1e3 * sc['fixed_overhead_s']:.2f} ms)", "",
+                  "| workload | c | on | off | adaptive | adaptive / max(on, off) | goal |",
+                  "|---|---|---|---|---|---|---|"]
+        met = 0
+        for cell in sc["cells"]:
+            m = {k: v["tokens_per_s"] for k, v in cell["modes"].items()}
+            plain = m["plain"]
+            ok = m["adaptive"] >= 0.97 * max(m["on"], m["off"]) and m["adaptive"] >= plain
+            met += ok
+            lines.append(f"| {cell['workload']} | {cell['clients']} | {m['on'] / plain:.2f} | "
+                         f"{m['off'] / plain:.3f} | {m['adaptive'] / plain:.3f} | "
+                         f"{m['adaptive'] / max(m['on'], m['off']):.3f} | {'yes' if ok else 'no'} |")
+        lines += ["", f"Goal met in {met} of {len(sc['cells'])} simulated cells."]
+    if img:
+        lines += ["", f"![simulation]({img})"]
+    return lines
+
+
+def _load_sim(sim_dir: str | None) -> dict | None:
+    path = os.path.join(sim_dir, "sim.json") if sim_dir else None
+    if not path or not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def markdown(report: dict, summary: list[dict], plots: list[str], img_prefix: str,
+             sim: dict | None = None, sim_img: str | None = None) -> str:
     lines = (header(report["meta"]) + configs_section(report)
-             + throughput_section(report, summary, plots, img_prefix) + criteria_section(report))
+             + throughput_section(report, summary, plots, img_prefix) + criteria_section(report)
+             + simulation_section(sim, sim_img))
     return "\n".join(lines) + "\n"
 
 
@@ -189,12 +238,18 @@ def _fresh_plots(report: dict, summary: list[dict], plots_dir: str) -> list[str]
     return grid_report.plot(summary, settings, plots_dir, kinds=PLOT_KINDS)
 
 
-def render(report: dict, md_path: str, plots_dir: str) -> str:
+def render(report: dict, md_path: str, plots_dir: str, sim_dir: str | None = None) -> str:
     """Write the baseline Markdown and its plots; returns the Markdown."""
     summary = grid_report.summarise_report(report)
     plots = _fresh_plots(report, summary, plots_dir)
     prefix = os.path.relpath(os.path.abspath(plots_dir), os.path.dirname(os.path.abspath(md_path)))
-    text = markdown(report, summary, plots, prefix.replace(os.sep, "/") + "/")
+    prefix = prefix.replace(os.sep, "/") + "/"
+    sim, sim_img = _load_sim(sim_dir), None
+    if sim is not None and os.path.isfile(os.path.join(sim_dir, "speedup.png")):
+        shutil.copyfile(os.path.join(sim_dir, "speedup.png"), os.path.join(plots_dir, SIM_PLOT))
+        plots.append(os.path.join(plots_dir, SIM_PLOT))
+        sim_img = prefix + SIM_PLOT
+    text = markdown(report, summary, plots, prefix, sim, sim_img)
     with open(md_path, "w") as f:
         f.write(text)
     print(f"[baseline] wrote {md_path} ({len(text.encode()) / 1024:.1f} KB) and {len(plots)} "
@@ -213,12 +268,12 @@ def main(argv=None) -> int:
     if opts.from_json:
         with open(opts.from_json) as f:
             report = json.load(f)
-        render(report, opts.md, opts.plots)
+        render(report, opts.md, opts.plots, opts.sim)
         return 0
     signal.signal(signal.SIGTERM, grid.exit_on_sigterm)
     grid_opts = grid.parse_args(grid_argv(opts))
     report = grid.run(grid_opts, common.command_line("benchmark/baseline.py", argv))
-    render(report, opts.md, opts.plots)
+    render(report, opts.md, opts.plots, opts.sim)
     return 0 if grid.succeeded(report) else 1
 
 

@@ -65,8 +65,34 @@ def rendered(tmp_path_factory):
     md, plots = root / "BASELINE.md", root / "baseline"
     plots.mkdir()
     (plots / "stale_plot.png").write_bytes(b"old")
-    assert baseline.main(["--from-json", str(grid_json), "--md", str(md), "--plots", str(plots)]) == 0
+    sim = root / "sim"
+    sim.mkdir()
+    (sim / "sim.json").write_text(json.dumps(_sim()))
+    (sim / "speedup.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"0" * 100)
+    assert baseline.main(["--from-json", str(grid_json), "--md", str(md), "--plots", str(plots),
+                          "--sim", str(sim)]) == 0
     return md.read_text(), plots
+
+
+def _sim():
+    """A two-cell simulate.py result: one cell meets the goal, one does not."""
+    def cell(w, c, on, off, adaptive):
+        return {"workload": w, "clients": c, "modes": {
+            "plain": {"tokens_per_s": 100.0}, "on": {"tokens_per_s": on},
+            "off": {"tokens_per_s": off}, "adaptive": {"tokens_per_s": adaptive}}}
+    return {"label": "SIMULATION (device model; not a measurement)", "target": "t", "block_size": 8,
+            "scenarios": [{"name": "calibrated at math c1", "fixed_overhead_s": 0.005,
+                           "cells": [cell("math", 1, 300.0, 100.0, 298.0),
+                                     cell("chat", 64, 90.0, 100.0, 98.0)]}]}
+
+
+def test_simulation_section_is_labelled_and_judged(rendered):
+    md, _ = rendered
+    section = md[md.index("## Simulation (not a measurement)"):]
+    assert "SIMULATION" in section and "fixed overhead 5.00 ms" in section
+    assert "| math | 1 | 3.00 | 1.000 | 2.980 | 0.993 | yes |" in section
+    assert "| chat | 64 | 0.90 | 1.000 | 0.980 | 0.980 | no |" in section  # below plain
+    assert "Goal met in 1 of 2 simulated cells." in section
 
 
 def test_header_names_command_commit_host_and_date(rendered):
@@ -98,7 +124,7 @@ def test_criteria_and_ngram_limits_are_stated(rendered):
 def test_plots_are_few_small_and_linked(rendered):
     md, plots = rendered
     pngs = sorted(p.name for p in plots.glob("*.png"))
-    assert pngs == sorted(f"{k}_{w}.png" for k in ("throughput", "speedup") for w in WORKLOADS)
+    assert pngs == sorted([f"speedup_{w}.png" for w in WORKLOADS] + ["simulation.png"])
     assert len(pngs) <= 6 and sum((plots / p).stat().st_size for p in pngs) <= 2 * 2**20
     for p in pngs:
         assert f"](baseline/{p})" in md
@@ -113,3 +139,5 @@ def test_grid_arguments_of_the_default_run():
     assert argv[argv.index("--repeats") + 1] == "3"
     assert argv[argv.index("--workloads") + 1] == "math,code,chat"
     assert argv[argv.index("--out") + 1].endswith(os.path.join("benchmark", "results", "baseline"))
+    assert "--allow-eos" in argv  # natural output lengths unless --fixed-length
+    assert "--allow-eos" not in baseline.grid_argv(baseline.parse_args(["--fixed-length"]))
