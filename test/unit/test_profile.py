@@ -56,3 +56,21 @@ def test_profile_of_the_tiny_pair_fits_a_cost_model():
         assert drafted[0] > plain[1] > 0  # a drafted step is the plain one plus the drafter
     model = CostModel.from_profile(samples)
     assert model.base(4, 7) > model.base(4, 0) > 0
+
+
+def test_profile_inputs_use_the_activation_dtype_not_a_quantized_weights():
+    """A target whose first decoder weight is stored as int8 (as quantized
+    layers store theirs) still profiles: inputs are built in the activation
+    dtype and the int8 weight is timed through a same-shape stand-in."""
+    target, _ = load_target(TINY / "target")
+    c = target.config
+    drafter = load_drafter(TINY / "dflash2-random", target_hidden_size=c.hidden_size,
+                           target_vocab_size=c.vocab_size, target_num_layers=c.num_hidden_layers)
+    module, name = next((m, n) for m in target.model.layers.modules()
+                        for n, p in m.named_parameters(recurse=False) if p.dim() == 2)
+    stored = getattr(module, name)
+    setattr(module, name, torch.nn.Parameter(stored.data.to(torch.int8), requires_grad=False))
+    with torch.no_grad():
+        samples = profile_costs(target, drafter, 8, dtype=torch.float32, batch_sizes=(1,),
+                                widths=[0, 7], context_len=16)
+    assert len(samples) == 3 and all(sec > 0 for *_, sec in samples)

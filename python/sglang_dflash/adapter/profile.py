@@ -57,11 +57,38 @@ def _dense_weights(target_model) -> list[torch.Tensor]:
     return weights + [target_model.lm_head.weight]
 
 
+def _timed_weights(weights: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
+    """The weights as the profile multiplies them, in the activation dtype.
+
+    A weight stored in another type (int8 / FP8 / packed AWQ storage) cannot
+    multiply activations directly; it is timed as a dense weight of its stored
+    shape in the activation dtype, one stand-in per distinct shape. That
+    approximates a quantized matmul; the policy's online correction learns the
+    rest from real steps."""
+    stand_ins: dict[tuple, torch.Tensor] = {}
+    timed = []
+    for w in weights:
+        if w.dtype == dtype:
+            timed.append(w)
+            continue
+        key = tuple(w.shape)
+        if key not in stand_ins:
+            stand_ins[key] = torch.randn(key, device=w.device, dtype=dtype)
+        timed.append(stand_ins[key])
+    return timed
+
+
 @torch.no_grad()
-def profile_costs(target_model, drafter, block_size: int, *, widths=None,
+def profile_costs(target_model, drafter, block_size: int, *, dtype=None, widths=None,
                   batch_sizes=BATCH_SIZES, context_len: int = 256) -> list[tuple]:
-    """Samples `(bs, tokens_per_request, drafted, seconds)` for `CostModel.from_profile`."""
+    """Samples `(bs, tokens_per_request, drafted, seconds)` for `CostModel.from_profile`.
+
+    `dtype`: the target's activation dtype (SGLang's `model_runner.dtype`);
+    None takes the LM head's. Inputs are built in it, never in the type a
+    quantized layer stores its weights in."""
     weights = _dense_weights(target_model)
+    dtype = dtype or weights[-1].dtype
+    weights = _timed_weights(weights, dtype)
     widths = sorted(set(widths or range(block_size)) | {0})
     keys, makers = [], []
     for bs in batch_sizes:
@@ -80,7 +107,7 @@ def profile_costs(target_model, drafter, block_size: int, *, widths=None,
 
 
 def _verify_fn(weights, num_tokens: int):
-    dev, dt = weights[0].device, weights[0].dtype
+    dev, dt = weights[-1].device, weights[-1].dtype  # every timed weight is in the activation dtype
     inputs = {w.shape[1]: torch.randn(num_tokens, w.shape[1], device=dev, dtype=dt) for w in weights}
 
     def verify():

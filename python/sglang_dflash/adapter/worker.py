@@ -153,7 +153,8 @@ class DFlashWorker(BaseSpecWorker):
         from sglang_dflash.adapter.profile import profile_costs
 
         start = time.perf_counter()
-        samples = profile_costs(self.model_runner.model, self.drafter, self.block_size)
+        samples = profile_costs(self.model_runner.model, self.drafter, self.block_size,
+                                dtype=self.model_runner.dtype)
         logger.info("sglang-dflash: cost profile (%d samples) in %.1fs",
                     len(samples), time.perf_counter() - start)
         if self._trace is not None:  # so a trace replays offline through the same CostModel
