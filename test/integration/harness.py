@@ -73,12 +73,12 @@ def run_engine(engine_kwargs: dict, runs: list[dict], timeout: int = 2400, with_
 class Server:
     """`sglang-dflash serve ...` (the documented CPU way) as a subprocess."""
 
-    def __init__(self, args: list[str], timeout: int = 300):
+    def __init__(self, args: list[str], timeout: int = 300, log_level: str = "warning"):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "sglang_dflash.cli", "serve", *args,
-               "--port", str(self.port), "--host", "127.0.0.1", "--log-level", "warning",
+               "--port", str(self.port), "--host", "127.0.0.1", "--log-level", log_level,
                "--max-total-tokens", "32768", "--random-seed", "0"]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         self._wait(timeout)

@@ -4,6 +4,7 @@ alias; a bad setting fails start-up naming the key."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -67,7 +68,8 @@ def test_config_file_reaches_the_worker_and_metrics_count_verified_drafts(tmp_pa
     path = _config(tmp_path, {"mode": "fixed", "fixed_width": 2})
     server = Server(["--model-path", target, "--speculative-algorithm", "DFLASH",
                      "--speculative-draft-model-path", drafter, "--speculative-adaptive-config", path,
-                     "--dtype", "float32", "--enable-metrics", "--decode-log-interval", "5"])
+                     "--dtype", "float32", "--enable-metrics", "--decode-log-interval", "5"],
+                    log_level="info")
     try:
         reply = requests.post(server.url + "/generate", json={
             "text": "<|im_start|>user\nHow many legs has a cat?<|im_end|>\n<|im_start|>assistant\n",
@@ -84,5 +86,11 @@ def test_config_file_reaches_the_worker_and_metrics_count_verified_drafts(tmp_pa
         metrics = requests.get(server.url + "/metrics", timeout=30).text
         gauge = [line for line in metrics.splitlines() if line.startswith("sglang:spec_accept_rate")]
         assert gauge and 0.5 < float(gauge[0].split()[-1]) <= 1.0, gauge
+        # The drafter's context pool is inside SGLang's KV budget: the bytes per
+        # token its pool configurator set aside equal what the pool takes.
+        pool = re.search(r"drafter context pool (\d+) slots x (\d+) B = .* counts (\d+) B/token",
+                         server.output())
+        assert pool, "no context pool line in the server log"
+        assert int(pool.group(2)) == int(pool.group(3)) > 0, pool.group(0)
     finally:
         server.stop()

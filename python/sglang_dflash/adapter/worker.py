@@ -178,11 +178,28 @@ class DFlashWorker(BaseSpecWorker):
             device=self.device,
         )
         self.context = DraftContext(kv, self._project_context)
+        self._log_context_pool(kv)
         self.verify_logits = VerifyLogits(
             num_slots=req_to_token_pool.req_to_token.shape[0],
             vocab_size=int(self.model_runner.model_config.vocab_size),
             device=self.device,
         )
+
+    def _log_context_pool(self, kv: DraftKVCache) -> None:
+        """Log the context pool's size and whether SGLang's KV budget counted it:
+        the target runner adds the DFLASH draft pool's bytes per token to its
+        own when it sizes the pool from --mem-fraction-static, so a server that
+        starts does not run out of memory later because of this pool."""
+        per_slot = 2 * kv.k[:, 0].numel() * kv.k.element_size()
+        counted = budgeted_draft_bytes_per_token(self.model_runner)
+        logger.info("sglang-dflash: drafter context pool %d slots x %d B = %.1f MiB "
+                    "(SGLang's KV budget counts %s B/token for it)", kv.num_slots, per_slot,
+                    kv.num_slots * per_slot / 2**20, counted)
+        if counted is not None and per_slot > counted:
+            logger.warning("sglang-dflash: the drafter context pool takes %d B/token, more than "
+                           "the %d B/token SGLang's KV budget counted; lower "
+                           "--mem-fraction-static if the device runs out of memory",
+                           per_slot, counted)
 
     def init_attention_backends(self):
         pass
@@ -512,6 +529,22 @@ class DFlashWorker(BaseSpecWorker):
     @property
     def drafter_dtype(self):
         return next(self.drafter.parameters()).dtype
+
+
+def budgeted_draft_bytes_per_token(model_runner) -> int | None:
+    """Bytes per token SGLang's KV budget set aside for the DFLASH draft pool
+    (its target runner's pool configurator), None if it set none aside."""
+    aux = getattr(model_runner, "spec_aux_config", None)
+    if aux is None or aux.draft_model_config is None or not aux.dflash_draft_num_layers:
+        return None
+    from sglang.srt.mem_cache.draft_kv_budget import resolve_dflash_draft_cell_size
+
+    try:
+        return resolve_dflash_draft_cell_size(draft_model_config=aux.draft_model_config,
+                                              draft_num_layers=aux.dflash_draft_num_layers,
+                                              attn_tp_size=1)
+    except Exception:  # the budget helper's own inputs did not resolve
+        return None
 
 
 def get_spec_seed(server_args) -> int:
