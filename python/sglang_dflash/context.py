@@ -22,6 +22,7 @@ from typing import Callable
 
 import torch
 
+from sglang_dflash.model import PagedContext
 from sglang_dflash.ragged import gather_rows
 
 # (features [N, F], positions [N]) -> k, v [num_layers, N, kv_heads, head_dim]
@@ -39,13 +40,20 @@ class DraftKVCache:
     """
 
     def __init__(self, *, num_layers, num_slots, num_kv_heads, head_dim, dtype, device):
-        shape = (num_layers, num_slots, num_kv_heads, head_dim)
+        # One row past the target's slots: a write-only sink for rows that must
+        # not land anywhere (see `DraftContext.flush`).
+        shape = (num_layers, num_slots + 1, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
 
     @property
     def num_slots(self) -> int:
-        return self.k.shape[1]
+        return self.k.shape[1] - 1
+
+    @property
+    def sink(self) -> int:
+        """A row id no target slot maps to; never read."""
+        return self.k.shape[1] - 1
 
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """slots [N] (distinct); k, v [num_layers, N, kv_heads, head_dim]."""
@@ -104,14 +112,23 @@ class DraftContext:
             return
         features, positions, slots = (torch.cat(parts) for parts in zip(*self._pending))
         self._pending, self._pending_bytes = [], 0
+        # Only the last row per slot may land. Rows superseded later in the
+        # queue are sent to the sink rather than dropped: selecting rows by
+        # mask is a host read of the mask (a device sync on a GPU).
         keep = last_per_slot(slots, self.kv.num_slots)
-        self._write(features[keep], positions[keep], slots[keep])
+        self._write(features, positions, torch.where(keep, slots, self.kv.sink))
         self.flushes += 1
 
     def gather(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Context K/V at slots [bs, L]; deferred rows are written first."""
         self.flush()
         return self.kv.gather(slots)
+
+    def paged(self, req_to_token, req_pool_indices, prefix_lens) -> PagedContext:
+        """The cache itself and the slot table, for a drafter pass that reads its
+        context in place; deferred rows are written first."""
+        self.flush()
+        return PagedContext(self.kv.k, self.kv.v, req_to_token, req_pool_indices, prefix_lens)
 
     def _write(self, features, positions, slots) -> None:
         k, v = self.project(features, positions)

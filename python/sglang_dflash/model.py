@@ -35,13 +35,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import ops
 from .config import DrafterConfig, RopeScaling
+from .ops.context_attention_ref import PagedLayer, visibility
 
 
 class RMSNorm(nn.Module):
@@ -261,6 +264,10 @@ class Attention(nn.Module):
         cos, sin = self._rope(positions, _upcast(q).dtype)
         q = apply_rope(self.q_norm(q), cos, sin)  # [bs, B, nh, d]
         k, v = self.key_value(x, positions)  # [bs, B, kvh, d]
+        if isinstance(ctx_k, PagedLayer):  # context read in place (ctx_v, ctx_valid unused)
+            out = ops.block_context_attention(q, k, v, ctx_k, positions, causal=self.causal,
+                                              window=self.window)
+            return self.o_proj(out.to(x.dtype).flatten(-2))
         k = torch.cat((ctx_k.to(k.dtype), k), dim=1)  # [bs, L + B, kvh, d]
         v = torch.cat((ctx_v.to(v.dtype), v), dim=1)
         block_valid = ctx_valid.new_ones(bs, block)
@@ -275,26 +282,6 @@ class Attention(nn.Module):
         return self.o_proj(out.flatten(-2))
 
 
-def attention_mask(valid, query_positions, key_positions, *, causal: bool,
-                   window: int | None) -> torch.Tensor:
-    """Per-query visibility [bs, B, S]: key j is seen by query i iff valid[j] and,
-    when causal, k_pos <= q_pos and, when windowed, k_pos >= q_pos - window
-    (and k_pos <= q_pos + window if not causal: a two-sided window).
-
-    Args:
-        valid: [bs, S] bool; query_positions: [bs, B]; key_positions: [bs, S] int64.
-    """
-    mask = valid[:, None, :]
-    q_pos, k_pos = query_positions[:, :, None], key_positions[:, None, :]
-    if causal:
-        mask = mask & (k_pos <= q_pos)
-    if window is not None:
-        mask = mask & (k_pos >= q_pos - window)
-        if not causal:
-            mask = mask & (k_pos <= q_pos + window)
-    return mask.expand(-1, query_positions.shape[1], -1)
-
-
 def _masked_attention(q, k, v, valid, query_positions=None, key_positions=None, *,
                       causal: bool = False, window: int | None = None) -> torch.Tensor:
     """softmax(q k^T / sqrt(d)) v over visible keys, GQA (query head h reads kv head h // group).
@@ -302,14 +289,14 @@ def _masked_attention(q, k, v, valid, query_positions=None, key_positions=None, 
     Args:
         q: [bs, B, nh, d]; k, v: [bs, S, kvh, d]; valid: [bs, S] bool.
         query_positions [bs, B] / key_positions [bs, S]: needed when causal or
-            windowed (see `attention_mask`); the last B keys are the block's own,
+            windowed (see `visibility`); the last B keys are the block's own,
             at the query positions.
     Returns:
         [bs, B, nh, d]. Every query sees at least its own block key (valid,
         k_pos = q_pos), so no row is all-masked.
     """
     if causal or window is not None:
-        mask = attention_mask(valid, query_positions, key_positions, causal=causal,
+        mask = visibility(valid, query_positions, key_positions, causal=causal,
                               window=window)[:, None]  # [bs, 1, B, S]
     else:
         mask = valid[:, None, None, :]  # broadcast key mask (non-causal, unwindowed)
@@ -379,6 +366,21 @@ class CandidateSelector(nn.Module):
         self.hidden_projection = nn.Linear(hidden_size, rank, bias=False)
 
 
+@dataclass
+class PagedContext:
+    """The drafter's context K/V in its cache, addressed by the target's slots."""
+
+    k: torch.Tensor  # [num_layers, slots, kv_heads, head_dim]
+    v: torch.Tensor  # [num_layers, slots, kv_heads, head_dim]
+    req_to_token: torch.Tensor  # [R, T] slot of each request row's position
+    req_pool_indices: torch.Tensor  # [bs]
+    prefix_lens: torch.Tensor  # [bs] committed context length
+
+    def layer(self, i: int) -> PagedLayer:
+        return PagedLayer(self.k[i], self.v[i], self.req_to_token, self.req_pool_indices,
+                          self.prefix_lens)
+
+
 class DFlashDrafter(nn.Module):
     """DFlash (v1) or DFlash 2 drafter; see the module docstring."""
 
@@ -436,6 +438,22 @@ class DFlashDrafter(nn.Module):
         h = block_embeds
         for i, layer in enumerate(self.layers):
             h = layer(h, block_positions, ctx_k[i], ctx_v[i], ctx_valid)
+        return self.norm(h)
+
+    def forward_block_paged(self, block_embeds, block_positions, ctx: PagedContext):
+        """`forward_block` with the context read in place from the drafter's
+        cache (no [bs, L] gather padded to the longest context): on CUDA a
+        Triton kernel streams each request's own rows, with no host read.
+
+        Args:
+            block_embeds: [bs, B, H]; block_positions: [bs, B] int64 (row 0 at
+                each request's prefix length); ctx: the cache and slot table.
+        Returns:
+            hidden: [bs, B, H] after the final norm.
+        """
+        h = block_embeds
+        for i, layer in enumerate(self.layers):
+            h = layer(h, block_positions, ctx.layer(i), None, None)
         return self.norm(h)
 
     def reference_draft_logits(self, hidden, lm_head_weight) -> torch.Tensor:

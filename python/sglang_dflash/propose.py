@@ -14,7 +14,8 @@ from typing import Optional
 import torch
 
 from sglang_dflash.candidates import head_logits, topk_candidates
-from sglang_dflash.select import dense_q, lattice_scores, walk
+from sglang_dflash.ops import selector_walk
+from sglang_dflash.select import dense_q, lattice_scores
 
 
 @dataclass
@@ -41,6 +42,8 @@ def propose_selector(
     temperature: torch.Tensor,
     greedy: torch.Tensor,
     uniforms: torch.Tensor,
+    *,
+    all_greedy: bool = False,
 ) -> Proposal:
     """DFlash 2.
 
@@ -48,6 +51,8 @@ def propose_selector(
         drafter: a DFlash 2 `DFlashDrafter` (its cfg and candidate_selector).
         hidden: [bs, S, H]; anchor: [bs] the verified token before the block.
         temperature: [bs]; greedy: [bs] bool; uniforms: [bs, S] pre-drawn.
+        all_greedy: the caller knows on the host that every row is greedy
+            (SGLang's `is_all_greedy`): the walk skips the softmax and CDF.
     Returns:
         drafts and the dense q over the target vocabulary (zero outside the
         candidates; one-hot for greedy rows).
@@ -63,5 +68,6 @@ def propose_selector(
         cands, hidden.float(), anchor, sel.predecessor_codebook, sel.successor_codebook,
         sel.hidden_projection.weight,
     )
-    path = walk(scores, cands.ids, temperature.float(), greedy, uniforms)
+    # The Triton kernel on CUDA, the torch twin elsewhere (ops/__init__.py).
+    path = selector_walk(scores, cands.ids, temperature.float(), greedy, uniforms, all_greedy=all_greedy)
     return Proposal(drafts=path.tokens, q=dense_q(path.q, cands.ids, vocab))

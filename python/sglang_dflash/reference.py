@@ -120,7 +120,7 @@ def draft_block(drafter, target, ctx_feats: torch.Tensor, anchor: int, mask_toke
         prop = propose_selector(drafter, hidden, torch.tensor([anchor], device=dev), head,
                                 temperature=torch.zeros(1, device=dev),
                                 greedy=torch.ones(1, dtype=torch.bool, device=dev),
-                                uniforms=torch.zeros(1, slots, device=dev))
+                                uniforms=torch.zeros(1, slots, device=dev), all_greedy=True)
     else:
         prop = propose_argmax(hidden, head)
     return DraftBlock(hidden=hidden, drafts=prop.drafts[0].tolist(), candidates=cands)

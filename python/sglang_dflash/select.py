@@ -83,6 +83,8 @@ def walk(
     temperature: torch.Tensor,
     greedy: torch.Tensor,
     uniforms: torch.Tensor,
+    *,
+    all_greedy: bool = False,
 ) -> Path:
     """Walk the lattice slot by slot, greedy or sampled per row.
 
@@ -98,6 +100,9 @@ def walk(
             >= MIN_TEMPERATURE, ignored for greedy rows.
         greedy: [bs] bool, True for rows that take the argmax.
         uniforms: [bs, S] float32 in [0, 1), one per slot, drawn by the caller.
+        all_greedy: every row is greedy, as the caller knows on the host; the
+            walk then skips the softmax and CDF. (Reading `greedy.all()` here
+            would be a host read of a device value per step.)
 
     Returns:
         Path with tokens and choice [bs, S] and q [bs, S, K].
@@ -105,9 +110,7 @@ def walk(
     _check_walk_inputs(scores, cand_ids, temperature, greedy, uniforms)
     bs, num_slots, k, _ = scores.shape
     batch = torch.arange(bs, device=scores.device)
-    if not scores.is_cuda and bool(greedy.all()):
-        # NOTE: host-side check, CPU only (on CUDA the walk stays branch-free
-        # for graph capture); an all-greedy batch skips the softmax and CDF.
+    if all_greedy:
         return _walk_greedy(scores, cand_ids, batch)
     temp = temperature.float().clamp(min=MIN_TEMPERATURE).unsqueeze(-1)  # [bs, 1]
     row = torch.zeros(bs, dtype=torch.int64, device=scores.device)  # slot 0: any row
@@ -135,7 +138,7 @@ def _walk_greedy(scores: torch.Tensor, cand_ids: torch.Tensor, batch: torch.Tens
         row = _sanitize(scores[batch, e, row].float()).argmax(dim=-1)
         choices.append(row)
     choice = torch.stack(choices, dim=1) if choices else row.new_zeros(bs, 0)
-    q = torch.nn.functional.one_hot(choice, k).float()
+    q = one_hot(choice, k)
     tokens = torch.gather(cand_ids, -1, choice.unsqueeze(-1)).squeeze(-1)
     return Path(tokens=tokens.to(torch.int64), choice=choice, q=q)
 
@@ -203,9 +206,16 @@ def _walk_slot(
     q_sampled = torch.softmax(shifted, dim=-1)
     choice = torch.where(greedy, row.argmax(dim=-1), _inverse_cdf(q_sampled, u))
     choice = torch.where(dead, torch.zeros_like(choice), choice)
-    one_hot = torch.nn.functional.one_hot(choice, row.shape[-1]).float()
-    q = torch.where((greedy | dead).unsqueeze(-1), one_hot, q_sampled)
+    picked = one_hot(choice, row.shape[-1])
+    q = torch.where((greedy | dead).unsqueeze(-1), picked, q_sampled)
     return choice, q
+
+
+def one_hot(index: torch.Tensor, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[...] indices in [0, n) -> [..., n] one-hot. Unlike
+    `torch.nn.functional.one_hot`, which reads the indices' range back to the
+    host to check it, this is a comparison on the device."""
+    return (index.unsqueeze(-1) == torch.arange(n, device=index.device)).to(dtype)
 
 
 def _inverse_cdf(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ import torch
 
 from sglang_dflash.ops import chain_rejection
 from sglang_dflash.rejection import AcceptResult, greedy_accept, target_probs
+from sglang_dflash.select import one_hot
 
 
 @dataclass
@@ -61,7 +62,8 @@ def verify_block(
         drafts: [bs, S] drafted tokens for block positions 1..S (S may be 0).
         logits: [bs, S+1, V] target logits after block rows 0..S (penalties,
             bias and grammar already applied).
-        rows: per-request sampling parameters; None means all greedy.
+        rows: per-request sampling parameters; None means all greedy (a batch
+            whose rows are all greedy may also pass them: same result).
         q: [bs, S, V] dense distribution each draft was drawn from, or None
             for deterministic drafts (one-hot q).
         uniforms: required when some row samples.
@@ -72,7 +74,7 @@ def verify_block(
     if drafts.shape != (bs, width - 1):
         raise ValueError(f"drafts {tuple(drafts.shape)} must be [{bs}, {width - 1}] for logits {tuple(logits.shape)}")
     greedy_result = greedy_accept(drafts, logits.argmax(dim=-1))
-    if rows is None or bool(rows.greedy.all()):
+    if rows is None:  # all greedy, as the caller knows on the host (no device read here)
         return greedy_result
     if uniforms is None:
         raise ValueError("verify_block: sampled rows need pre-drawn uniforms")
@@ -80,7 +82,7 @@ def verify_block(
     p = target_probs(logits.reshape(-1, vocab).float(), flat.temperature, flat.top_p, flat.top_k, flat.min_p)
     p = p.view(bs, width, vocab)
     if q is None:
-        q = torch.nn.functional.one_hot(drafts.long(), vocab).to(p.dtype)
+        q = one_hot(drafts, vocab, p.dtype)
     sampled = chain_rejection(drafts, q, p, uniforms.accept, uniforms.sample)
     greedy = rows.greedy.unsqueeze(1)
     return AcceptResult(

@@ -93,3 +93,16 @@ def test_demo_pair_greedy_identical_and_speculates():
             lengths = _accept_lengths(spec[name])
             mean = sum(lengths) / len(lengths)
             assert mean > 3.0, f"{name}: demo pair mean spec_accept_length {mean:.2f} <= 3.0"
+
+
+def test_paged_context_path_greedy_identical_to_plain(plain, prompts, monkeypatch):
+    """The drafter reading its context in place (the path the Triton kernel takes on
+    CUDA), forced here through its torch twin: identical output, and the same
+    drafts as the gathered path (acceptance within float noise)."""
+    gathered = run_engine(dflash_args("drafter-trained"), _runs(prompts))
+    monkeypatch.setenv("SGLANG_DFLASH_PAGED_CONTEXT", "1")
+    paged = run_engine(dflash_args("drafter-trained"), _runs(prompts))
+    _check_identical(plain, paged)
+    for name in paged:
+        a, b = _accept_lengths(paged[name]), _accept_lengths(gathered[name])
+        assert abs(sum(a) - sum(b)) <= 0.02 * sum(b), f"{name}: {sum(a):.2f} vs {sum(b):.2f}"

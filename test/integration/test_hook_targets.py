@@ -26,3 +26,24 @@ def test_every_hook_target_resolves():
     proc = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert int(proc.stdout.split()[-1]) >= 9
+
+
+REGISTRY = """
+from sglang_dflash import cpu_runtime
+if not cpu_runtime.cuda_available():
+    cpu_runtime.activate()
+from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+print(" ".join(sorted(ATTENTION_BACKENDS)))
+"""
+
+
+def test_verify_width_table_names_every_registered_attention_backend():
+    """A backend SGLang registers but the table does not name would be treated as
+    full-block-only by guess; the table must rule on each one from its source."""
+    from sglang_dflash.verify_widths import BACKENDS
+
+    env = None if cpu_runtime.cuda_available() else cpu_runtime.cpu_env(dict(__import__("os").environ))
+    proc = subprocess.run([sys.executable, "-c", REGISTRY], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    registered = set(proc.stdout.split())
+    assert len(registered) > 10 and registered <= set(BACKENDS), registered - set(BACKENDS)

@@ -91,6 +91,9 @@ def test_config_file_reaches_the_worker_and_metrics_count_verified_drafts(tmp_pa
         pool = re.search(r"drafter context pool (\d+) slots x (\d+) B = .* counts (\d+) B/token",
                          server.output())
         assert pool, "no context pool line in the server log"
+        # Every width on this backend (verify_widths.py), read from the resolved backend.
+        assert "verify widths [0, 1, 2, 3, 4, 5, 6, 7] on attention backend 'torch_native'" \
+            in server.output()
         assert int(pool.group(2)) == int(pool.group(3)) > 0, pool.group(0)
     finally:
         server.stop()

@@ -92,3 +92,4 @@ def test_lora_is_refused_naming_the_flag():
     assert proc.returncode != 0
     output = proc.stdout + proc.stderr
     assert "does not support LoRA adapters" in output, output[-3000:]
+

@@ -206,6 +206,50 @@ def check_rejection_edges_and_strides(device="cpu"):
         _assert_results_equal(kernel(drafts, q, p, ua, us_edge), twin(drafts, q, p, ua, us_edge))
 
 
+def _context_attention_case(seed, *, bs, block, heads, kv_heads, dim, causal, window,
+                            dtype=torch.float32):
+    """Ragged prefixes (one empty, one shorter than a tile, one over several
+    tiles), a strided req_to_token, int32 slots, shuffled slot order."""
+    from sglang_dflash.ops.context_attention_ref import PagedLayer
+
+    gen = torch.Generator().manual_seed(seed)
+    slots = 800
+    q = torch.randn(bs, block, heads, dim, generator=gen).to(dtype)
+    k_block = torch.randn(bs, block, kv_heads, dim, generator=gen).to(dtype)
+    v_block = torch.randn(bs, block, kv_heads, dim, generator=gen).to(dtype)
+    k_cache = torch.randn(slots, kv_heads, dim, generator=gen).to(dtype)
+    v_cache = torch.randn(slots, kv_heads, dim, generator=gen).to(dtype)
+    table = torch.randperm(slots, generator=gen)[:8 * 90].view(8, 90).to(torch.int32)
+    req_to_token = table[:, ::2]  # a strided slot table: [8, 45]
+    prefix = torch.tensor([0, 5, 44, 31, 70 % 45][:bs])
+    req_pool_indices = torch.tensor([3, 0, 7, 1, 5][:bs])
+    positions = prefix[:, None] + torch.arange(block)
+    ctx = PagedLayer(k_cache, v_cache, req_to_token, req_pool_indices, prefix)
+    return (q, k_block, v_block, ctx, positions), dict(causal=causal, window=window)
+
+
+def _check_context_attention(**case):
+    from sglang_dflash.ops import context_attention_ref, context_attention_triton
+
+    args, kw = _context_attention_case(0, **case)
+    want = context_attention_ref.block_context_attention(*args, **kw)
+    got = context_attention_triton.block_context_attention(*args, **kw)
+    tol = 1e-5 if args[0].dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+def check_context_attention_full(device="cpu"):
+    _check_context_attention(bs=5, block=8, heads=4, kv_heads=2, dim=16, causal=False, window=None)
+
+
+def check_context_attention_causal_window_gqa(device="cpu"):
+    _check_context_attention(bs=4, block=8, heads=8, kv_heads=2, dim=24, causal=True, window=9)
+
+
+def check_context_attention_two_sided_window(device="cpu"):
+    _check_context_attention(bs=3, block=16, heads=2, kv_heads=2, dim=32, causal=False, window=4)
+
+
 KERNEL_CHECKS = {name: fn for name, fn in sorted(globals().items()) if name.startswith("check_")}
 
 
@@ -283,6 +327,12 @@ _SM90_SIGNATURES = {
     "rejection": dict(ptrs=dict(draft_ptr="*i64", q_ptr="*fp32", p_ptr="*fp32", ua_ptr="*fp32",
                                 us_ptr="*fp32", accept_len_ptr="*i64", tokens_ptr="*i64"),
                       constexprs=dict(NUM_SLOTS=7, BLOCK_V=2048, PAD=PAD_TOKEN_ID), num_warps=8),
+    "context_attention": dict(
+        ptrs=dict(q_ptr="*bf16", kb_ptr="*bf16", vb_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16",
+                  r2t_ptr="*i32", rpi_ptr="*i64", prefix_ptr="*i64", pos_ptr="*i64",
+                  out_ptr="*bf16", scale="fp32"),
+        constexprs=dict(B=16, D=128, GROUP=8, BLOCK_M=16, BLOCK_N=32, BLOCK_D=128, CAUSAL=False,
+                        WINDOWED=True, IEEE=False), num_warps=4),
 }
 
 
@@ -299,10 +349,11 @@ def test_kernel_compiles_for_sm90_without_a_gpu(kernel):
     if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 3):
         pytest.skip(f"the ASTSource signature format used here needs triton >= 3.3, "
                     f"found {triton.__version__}")
-    from sglang_dflash.ops import rejection_triton, walk_triton
+    from sglang_dflash.ops import context_attention_triton, rejection_triton, walk_triton
 
     fn = {"walk": walk_triton._walk_kernel,
-          "rejection": rejection_triton._chain_rejection_kernel}[kernel]
+          "rejection": rejection_triton._chain_rejection_kernel,
+          "context_attention": context_attention_triton._block_context_attention_kernel}[kernel]
     spec = _SM90_SIGNATURES[kernel]
     signature = {name: spec["ptrs"].get(name, "constexpr" if name in spec["constexprs"] else "i32")
                  for name in fn.arg_names}

@@ -262,3 +262,14 @@ def test_dense_q_scatters_over_vocabulary():
 
 def _tv(a, b):
     return 0.5 * float((a.double() - b.double()).abs().sum())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_walk_all_greedy_shortcut_equals_the_general_walk(seed):
+    """The host flag `all_greedy` only skips work: same tokens, choices and q."""
+    scores, cand_ids, uniforms = _walk_case(seed)
+    bs = scores.shape[0]
+    args = (scores, cand_ids, torch.zeros(bs), torch.ones(bs, dtype=torch.bool), uniforms)
+    fast, general = walk(*args, all_greedy=True), walk(*args)
+    assert torch.equal(fast.tokens, general.tokens) and torch.equal(fast.choice, general.choice)
+    assert torch.equal(fast.q, general.q)

@@ -140,6 +140,7 @@ def _draft_fn(drafter, bs, block_size, context_len, lm_head_weight):
         if cfg.version == 1:
             propose_argmax(h, lm_head_weight)
         else:
-            propose_selector(drafter, h, anchor, lm_head_weight, temperature, greedy, uniforms)
+            propose_selector(drafter, h, anchor, lm_head_weight, temperature, greedy, uniforms,
+                             all_greedy=True)
 
     return draft

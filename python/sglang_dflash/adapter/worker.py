@@ -24,6 +24,7 @@ defined here is delegated to the target worker (`__getattr__`), as upstream does
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -34,7 +35,7 @@ from collections import deque
 import torch
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-from sglang.srt.runtime_context import get_schedule, get_spec
+from sglang.srt.runtime_context import attention_backends, get_exec, get_schedule, get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
@@ -42,8 +43,10 @@ from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.speculative.spec_sampling_mask import SpeculativeSamplingMaskCapture
 from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 
+from sglang_dflash import ops
 from sglang_dflash.checkpoint import load_drafter, mask_embedding_for
 from sglang_dflash.config import resolve_mask_token_id
+from sglang_dflash.host_syncs import HostSyncCounter
 from sglang_dflash.hub import resolve_drafter_path
 from sglang_dflash.context import DraftContext, DraftKVCache
 from sglang_dflash.draft import context_slots, make_blocks, plan_commit
@@ -52,9 +55,11 @@ from sglang_dflash.adapter.verify_logits import VerifyLogits
 from sglang_dflash.policy import TUNING, SpeculationPolicy
 from sglang_dflash.propose import Proposal, propose_argmax, propose_selector
 from sglang_dflash.ragged import ragged_runs
+from sglang_dflash.randomness import counter_uniforms
 from sglang_dflash.rejection import PAD_TOKEN_ID
 from sglang_dflash.stats import SpecStats, StepClock
 from sglang_dflash.verify import SamplingRows, VerifyUniforms, verify_block
+from sglang_dflash.verify_widths import backend_rule, check_mode_widths, safe_widths
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +74,41 @@ def _open_trace():
         return None
     logger.info("sglang-dflash: tracing decode steps to %s", path)
     return open(path, "a", buffering=1)
+
+
+SYNC_CHECK_ENV = "SGLANG_DFLASH_CHECK_SYNCS"
+PAGED_ENV = "SGLANG_DFLASH_PAGED_CONTEXT"
+
+
+class _SyncCheck:
+    """A diagnostic (SGLANG_DFLASH_CHECK_SYNCS=1): counts this worker's host reads
+    of device values per decode step (host_syncs.py), the target model's own
+    forward excluded. Reported under "host_syncs" in /get_server_info."""
+
+    def __init__(self, where: bool = False):
+        self.where = where
+        self.counter = None
+        self.steps = 0
+        self.max_per_step = 0
+        self.reads: dict[str, int] = {}
+
+    def run(self, step, *args):
+        self.counter = HostSyncCounter(where=self.where)
+        try:
+            with self.counter:
+                return step(*args)
+        finally:
+            self.steps += 1
+            self.max_per_step = max(self.max_per_step, self.counter.total)
+            for name, n in self.counter.reads.items():
+                self.reads[name] = self.reads.get(name, 0) + n
+            self.counter = None
+
+    def paused(self):
+        return self.counter.paused() if self.counter is not None else contextlib.nullcontext()
+
+    def snapshot(self) -> dict:
+        return {"decode_steps": self.steps, "max_per_step": self.max_per_step, "reads": dict(self.reads)}
 
 
 class DFlashWorker(BaseSpecWorker):
@@ -107,6 +147,14 @@ class DFlashWorker(BaseSpecWorker):
         self.clock = StepClock(self.overlap_schedule)  # decode step periods for the cost model
         self._last_decode_reqs = []  # requests of the last decode step (idle detection)
         self._trace = _open_trace()
+        check = os.environ.get(SYNC_CHECK_ENV, "0")  # "1": count; "where": by caller line
+        # The drafter reads its context in place (ops.block_context_attention:
+        # no gather, no host read) where the Triton kernel runs; on CPU the
+        # gathered path is faster, and SGLANG_DFLASH_PAGED_CONTEXT=1 forces the
+        # paged one (through its torch twin) so that it is tested end to end.
+        self.paged_context = (ops.backend(self.device) == ops.BACKEND_TRITON
+                              or os.environ.get(PAGED_ENV, "0") == "1")
+        self._syncs = _SyncCheck(where=check == "where") if check in ("1", "where") else None
         self.policy = self._build_policy()
         self.stats = SpecStats(self.block_size - 1)
         logger.info(
@@ -142,25 +190,42 @@ class DFlashWorker(BaseSpecWorker):
         with torch.no_grad():
             weight[self.mask_token_id].copy_(emb.to(weight.dtype))
 
+    def _verify_widths(self) -> tuple[int, ...]:
+        """The widths the target's attention backend verifies losslessly
+        (verify_widths.py); TARGET_VERIFY runs on the decode backend when
+        --speculative-attention-mode is decode, else on the prefill one."""
+        prefill, decode = attention_backends()  # the target runner resolves the same pair later
+        backend = str(decode if get_spec().speculative_attention_mode == "decode" else prefill)
+        graphs = str(self.device).startswith("cuda") and _decode_graphs_enabled()
+        widths = safe_widths(backend, self.block_size, cuda_graphs=graphs)
+        logger.info("sglang-dflash: verify widths %s on attention backend %r%s (%s)", list(widths),
+                    backend, " with CUDA graphs" if graphs else "", backend_rule(backend).why)
+        return widths
+
     def _build_policy(self) -> SpeculationPolicy:
         cfg = policy_config(get_spec())
+        widths = self._verify_widths()
+        check_mode_widths(cfg, widths)
         tuning = TUNING
         if self.overlap_schedule and tuning.probe_length < 2:
             # Under overlap only a probe's second step is timed cleanly (see StepClock).
             tuning = dataclasses.replace(tuning, probe_length=2)
+        if cfg.mode == "adaptive" and len(widths) == 1:  # only the full block: stays on
+            cfg = dataclasses.replace(cfg, mode="on")
         if cfg.mode != "adaptive":
-            return SpeculationPolicy(cfg, self.block_size, tuning=tuning)
+            return SpeculationPolicy(cfg, self.block_size, widths=widths, tuning=tuning)
         from sglang_dflash.adapter.profile import profile_costs
 
         start = time.perf_counter()
         samples = profile_costs(self.model_runner.model, self.drafter, self.block_size,
-                                dtype=self.model_runner.dtype)
+                                dtype=self.model_runner.dtype, widths=widths)
         logger.info("sglang-dflash: cost profile (%d samples) in %.1fs",
                     len(samples), time.perf_counter() - start)
         if self._trace is not None:  # so a trace replays offline through the same CostModel
             self._trace.write(json.dumps({"pid": os.getpid(), "t": round(time.perf_counter(), 6),
                                           "kind": "profile", "samples": samples}) + "\n")
-        return SpeculationPolicy.from_profile(cfg, self.block_size, samples, tuning=tuning)
+        return SpeculationPolicy.from_profile(cfg, self.block_size, samples, widths=widths,
+                                              tuning=tuning)
 
     def alloc_memory_pool(
         self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None
@@ -268,6 +333,11 @@ class DFlashWorker(BaseSpecWorker):
         return out
 
     def _decode(self, batch, on_publish, grammar_barrier=None):
+        if self._syncs is not None:
+            return self._syncs.run(self._decode_step, batch, on_publish, grammar_barrier)
+        return self._decode_step(batch, on_publish, grammar_barrier)
+
+    def _decode_step(self, batch, on_publish, grammar_barrier=None):
         draft_input = batch.spec_info
         if not isinstance(draft_input, DFlashDraftInputV2):
             raise RuntimeError("DFLASH decode expects DFlashDraftInputV2 on the batch")
@@ -292,12 +362,17 @@ class DFlashWorker(BaseSpecWorker):
                                     grammar_barrier)
         num_verify = width + 1
         positions = prefix.unsqueeze(1) + self._offsets[:num_verify]  # [bs, W+1] the verify rows
-        max_prefix = int(prefix.max())  # the step's one host read of the lengths
-        rows = self._context_rows(batch.req_pool_indices, max_prefix)
-        cache_loc = rows.gather(1, positions).to(torch.int64)
+        if self.paged_context:  # no host read: the kernel reads each request's length itself
+            context = ("paged", batch.req_pool_indices)
+            cache_loc = self._token_slots(batch.req_pool_indices, positions)
+        else:
+            max_prefix = int(prefix.max())  # the step's one host read of the lengths
+            rows = self._context_rows(batch.req_pool_indices, max_prefix)
+            context = ("gathered", rows, max_prefix)
+            cache_loc = rows.gather(1, positions).to(torch.int64)
         walk_u, verify_u = self._draw_uniforms(batch.reqs, prefix, width)
         block = make_blocks(anchor, prefix, self.mask_token_id, self.block_size)
-        proposal = self._draft(block, rows, prefix, max_prefix, sampling, width, walk_u)
+        proposal = self._draft(block, context, prefix, sampling, width, walk_u)
         verify_ids = torch.cat([anchor.unsqueeze(1), proposal.drafts], dim=1)
         logits_output = self._verify(batch, verify_ids, positions, cache_loc, num_verify)
         self.verify_logits.adjust(batch, logits_output.next_token_logits, verify_ids, grammar_barrier)
@@ -311,8 +386,12 @@ class DFlashWorker(BaseSpecWorker):
 
         # Committed rows become drafter context, also when speculation is off
         # (`_decode_off`), so the drafter is current whenever speculation resumes.
-        hidden = logits_output.hidden_states.view(bs, num_verify, -1)
-        self.context.commit(hidden[plan.keep], positions[plan.keep], cache_loc[plan.keep])
+        # Every verify row is written, rejected ones too: selecting the committed
+        # ones by mask is a host read, and a rejected row's slot holds a position
+        # past the request's committed length, which the next step verifies and
+        # writes again before any draft reads it (DraftKVCache's invariant).
+        hidden = logits_output.hidden_states.view(bs * num_verify, -1)
+        self.context.commit(hidden, positions.reshape(-1), cache_loc.reshape(-1))
         logits_output.hidden_states = None
         self._pending_steps.append((width, bs, self.policy.steps - 1))
         return self._step_result(logits_output, result.tokens, result.bonus, plan.commit_lens, plan.new_seq_lens)
@@ -434,6 +513,7 @@ class DFlashWorker(BaseSpecWorker):
             "overlap_schedule": self.overlap_schedule,
             "policy": self.policy.snapshot(),
             **self.stats.snapshot(),
+            **({} if self._syncs is None else {"host_syncs": self._syncs.snapshot()}),
         }
 
     # ---- stages -------------------------------------------------------------------
@@ -447,33 +527,39 @@ class DFlashWorker(BaseSpecWorker):
     def _draw_uniforms(self, reqs, prefix, width):
         """All uniforms of a step: the selector walk's [bs, B-1] (none at W = 0),
         the accept tests' [bs, W] and the emitted tokens' [bs, W+1]. A request with a
-        `sampling_seed` draws from its own stream keyed by (seed, anchor
-        position), so its output does not depend on the rest of the batch."""
+        `sampling_seed` draws from a counter-based stream keyed by (seed, anchor
+        position), so its output does not depend on the rest of the batch; the
+        key stays on the device (no host read of the positions)."""
         bs = len(prefix)
         num_drafts = self.block_size - 1 if width > 0 else 0  # the drafter does not run at W = 0
         total = num_drafts + 2 * width + 1
         u = torch.rand((bs, total), generator=self.generator, device=self.device)
-        for i, req in enumerate(reqs):
-            seed = getattr(req.sampling_params, "sampling_seed", None)
-            if seed is not None:
-                g = torch.Generator(device=self.device)
-                g.manual_seed((int(seed) * 1_000_003 + int(prefix[i])) % (1 << 63))
-                u[i] = torch.rand(total, generator=g, device=self.device)
+        seeds = [getattr(req.sampling_params, "sampling_seed", None) for req in reqs]
+        if any(seed is not None for seed in seeds):
+            seeded = torch.tensor([seed is not None for seed in seeds], device=self.device)
+            keys = torch.tensor([int(seed or 0) for seed in seeds], dtype=torch.int64, device=self.device)
+            u = torch.where(seeded.unsqueeze(1), counter_uniforms(keys, prefix, total), u)
         walk = u[:, :num_drafts]
         accept = u[:, num_drafts : num_drafts + width]
         return walk, VerifyUniforms(accept=accept, sample=u[:, num_drafts + width :])
 
-    def _draft(self, block, rows, prefix, max_prefix, sampling, width, walk_uniforms) -> Proposal:
+    def _draft(self, block, context, prefix, sampling, width, walk_uniforms) -> Proposal:
         """Drafts for the first `width` >= 1 positions after the anchor. The
         drafter always drafts its whole block (its cost barely depends on W)."""
-        return self._draft_block(block, rows, prefix, max_prefix, sampling, walk_uniforms).first(width)
+        return self._draft_block(block, context, prefix, sampling, walk_uniforms).first(width)
 
-    def _draft_block(self, block, rows, prefix, max_prefix, sampling, uniforms) -> Proposal:
-        """One drafter pass over the block, then the v1 argmax or the v2 selector path."""
-        slots, valid = context_slots(rows, prefix, max_prefix)
-        ctx_k, ctx_v = self.context.gather(slots)
+    def _draft_block(self, block, context, prefix, sampling, uniforms) -> Proposal:
+        """One drafter pass over the block, then the v1 argmax or the v2 selector
+        path. `context`: ("paged", req_pool_indices), read in place, or
+        ("gathered", slot-table rows, longest prefix), gathered and padded."""
         embeds = self._embed(block.token_ids)
-        hidden = self.drafter.forward_block(embeds, block.positions, ctx_k, ctx_v, valid)[:, 1:]
+        if context[0] == "paged":
+            paged = self.context.paged(self.req_to_token_pool.req_to_token, context[1], prefix)
+            hidden = self.drafter.forward_block_paged(embeds, block.positions, paged)[:, 1:]
+        else:
+            slots, valid = context_slots(context[1], prefix, context[2])
+            ctx_k, ctx_v = self.context.gather(slots)
+            hidden = self.drafter.forward_block(embeds, block.positions, ctx_k, ctx_v, valid)[:, 1:]
         if self.drafter.cfg.version == 1:
             return propose_argmax(hidden, self._lm_head_weight())
         bs = hidden.shape[0]
@@ -484,7 +570,7 @@ class DFlashWorker(BaseSpecWorker):
             greedy, temperature = sampling.greedy, sampling.temperature
         return propose_selector(
             self.drafter, hidden, block.token_ids[:, 0], self._lm_head_weight(),
-            temperature, greedy, uniforms,
+            temperature, greedy, uniforms, all_greedy=sampling is None,
         )
 
     def _verify(self, batch, verify_ids, positions, cache_loc, num_verify):
@@ -497,10 +583,21 @@ class DFlashWorker(BaseSpecWorker):
             capture_hidden_mode=CaptureHiddenMode.FULL,
         )
         batch.out_cache_loc = cache_loc.reshape(-1)
-        forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
-        out = self.target_worker.forward_batch_generation(
-            batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True
-        )
+        # Host-side length bound during the verify, as SGLang's DFLASH sets it:
+        # backends that plan on the host (FlashInfer's verify plan) read the KV
+        # length of each request as seq_lens_cpu, which must cover the block.
+        host_lens, host_sum = batch.seq_lens_cpu, batch.seq_lens_sum
+        if host_lens is not None:
+            batch.seq_lens_cpu = host_lens + num_verify
+            batch.seq_lens_sum = int(host_sum) + num_verify * len(host_lens)
+        try:
+            with self._syncs.paused() if self._syncs is not None else contextlib.nullcontext():
+                forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+                out = self.target_worker.forward_batch_generation(
+                    batch=None, forward_batch=forward_batch, is_verify=True,
+                    skip_attn_backend_init=True)
+        finally:
+            batch.seq_lens_cpu, batch.seq_lens_sum = host_lens, host_sum
         return out.logits_output
 
     @staticmethod
@@ -529,6 +626,14 @@ class DFlashWorker(BaseSpecWorker):
     @property
     def drafter_dtype(self):
         return next(self.drafter.parameters()).dtype
+
+
+def _decode_graphs_enabled() -> bool:
+    """Whether SGLang will capture decode / verify CUDA graphs (captured after
+    this worker starts, so read from the configuration)."""
+    cfg = get_exec().graph.cuda_graph_config
+    backend = None if cfg is None else cfg.decode.backend
+    return backend is not None and getattr(backend, "name", str(backend)).upper() != "DISABLED"
 
 
 def budgeted_draft_bytes_per_token(model_runner) -> int | None:

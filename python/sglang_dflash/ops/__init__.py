@@ -5,6 +5,10 @@
     chain_rejection(draft_tokens, q, p, accept_uniforms, sample_uniforms) -> AcceptResult
         twin: ops.rejection_ref.chain_rejection_sample_uniforms;
         kernel: ops.rejection_triton.chain_rejection_sample_uniforms
+    block_context_attention(q, k_block, v_block, ctx, positions, causal, window) -> out
+        twin: ops.context_attention_ref.block_context_attention (gathers, one
+        host read of the lengths); kernel: ops.context_attention_triton (paged,
+        no gather, no host read)
 
 Each pair has the same signature and the same result (the walk's q within
 1e-6), and neither draws random numbers, so either can be captured in a CUDA
@@ -30,6 +34,8 @@ from typing import NamedTuple
 import torch
 
 from sglang_dflash import select
+from sglang_dflash.ops import context_attention_ref
+from sglang_dflash.ops.context_attention_ref import PagedLayer
 from sglang_dflash.ops.rejection_ref import chain_rejection_sample_uniforms
 from sglang_dflash.rejection import AcceptResult
 
@@ -44,9 +50,11 @@ class _Impl(NamedTuple):
     name: str  # BACKEND_TRITON or BACKEND_TORCH
     walk: Callable[..., select.Path]
     chain_rejection: Callable[..., AcceptResult]
+    block_context_attention: Callable[..., torch.Tensor]
 
 
-_TORCH_IMPL = _Impl(BACKEND_TORCH, select.walk, chain_rejection_sample_uniforms)
+_TORCH_IMPL = _Impl(BACKEND_TORCH, select.walk, chain_rejection_sample_uniforms,
+                    context_attention_ref.block_context_attention)
 _DECISIONS: dict = {}  # device type -> _Impl, filled once per device type
 
 
@@ -56,17 +64,24 @@ def selector_walk(
     temperature: torch.Tensor,
     greedy: torch.Tensor,
     uniforms: torch.Tensor,
+    *,
+    all_greedy: bool = False,
 ) -> select.Path:
     """`select.walk` through the backend chosen for scores' device.
 
     Args:
         scores: [bs, S, K, K] float32; cand_ids: [bs, S, K] int64;
         temperature: [bs] float32; greedy: [bs] bool; uniforms: [bs, S] float32.
+        all_greedy: every row is greedy (known on the host): the torch twin
+            skips the softmax; the kernel handles greedy rows in one pass anyway.
 
     Returns:
         Path with tokens, choice [bs, S] and q [bs, S, K].
     """
-    return _impl(scores.device).walk(scores, cand_ids, temperature, greedy, uniforms)
+    impl = _impl(scores.device)
+    if impl.name == BACKEND_TORCH:
+        return select.walk(scores, cand_ids, temperature, greedy, uniforms, all_greedy=all_greedy)
+    return impl.walk(scores, cand_ids, temperature, greedy, uniforms)
 
 
 def chain_rejection(
@@ -86,6 +101,30 @@ def chain_rejection(
         AcceptResult with accept_len [bs] and tokens [bs, S+1].
     """
     return _impl(p.device).chain_rejection(draft_tokens, q, p, accept_uniforms, sample_uniforms)
+
+
+def block_context_attention(
+    q: torch.Tensor,
+    k_block: torch.Tensor,
+    v_block: torch.Tensor,
+    ctx: PagedLayer,
+    positions: torch.Tensor,
+    *,
+    causal: bool = False,
+    window: int | None = None,
+) -> torch.Tensor:
+    """The drafter's block attention over its paged context, through the chosen
+    backend (see `context_attention_ref.block_context_attention`).
+
+    Args:
+        q: [bs, B, nh, d]; k_block, v_block: [bs, B, kvh, d]; ctx: the layer's
+        cache and slot table; positions: [bs, B] int64.
+
+    Returns:
+        [bs, B, nh, d].
+    """
+    return _impl(q.device).block_context_attention(q, k_block, v_block, ctx, positions,
+                                                   causal=causal, window=window)
 
 
 def backend(device) -> str:
@@ -117,7 +156,9 @@ def _decide(device_type: str) -> tuple[_Impl, str]:
     try:
         walk_triton = importlib.import_module("sglang_dflash.ops.walk_triton")
         rejection_triton = importlib.import_module("sglang_dflash.ops.rejection_triton")
+        attention_triton = importlib.import_module("sglang_dflash.ops.context_attention_triton")
     except ImportError as exc:  # triton missing or unusable: decided here, once
         return _TORCH_IMPL, f"triton does not import: {exc}"
-    impl = _Impl(BACKEND_TRITON, walk_triton.walk, rejection_triton.chain_rejection_sample_uniforms)
+    impl = _Impl(BACKEND_TRITON, walk_triton.walk, rejection_triton.chain_rejection_sample_uniforms,
+                 attention_triton.block_context_attention)
     return impl, "triton imports"

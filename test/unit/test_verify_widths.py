@@ -1,0 +1,63 @@
+"""verify_widths.py: the verify widths each SGLang 0.5.23 attention backend is
+given (one case per backend name), graphs, and policy modes they cannot serve.
+That the table names every backend SGLang registers is checked against the
+installed SGLang in test/integration/test_hook_targets.py."""
+
+import pytest
+
+from sglang_dflash.policy import PolicyConfig
+from sglang_dflash.verify_widths import (
+    BACKENDS,
+    UnsupportedBackend,
+    check_mode_widths,
+    safe_widths,
+)
+
+B = 8
+EVERY = tuple(range(B))
+
+EXPECTED = {
+    "triton": EVERY, "flashinfer": EVERY, "llada2_cfg_flashinfer": EVERY, "torch_native": EVERY,
+    "intel_xpu": EVERY, "qsa": EVERY, "aiter": EVERY,
+    "trtllm_mha": (0, B - 1),
+    "fa3": (B - 1,), "fa4": (B - 1,), "flashmla": (B - 1,), "trtllm_mla": (B - 1,),
+    "cutedsl_mla": (B - 1,), "tokenspeed_mla": (B - 1,), "dsa": (B - 1,), "nsa": (B - 1,),
+    "dsv4": (B - 1,), "compressed": (B - 1,), "ascend": (B - 1,),
+    "flex_attention": None, "wave": None, "hpc_ops": None, "intel_amx": None,
+    "minicpm_flashattn": None, "minicpm_flashinfer": None,
+}
+
+
+def test_every_backend_in_the_table_has_a_case_here():
+    assert set(EXPECTED) == set(BACKENDS)
+
+
+@pytest.mark.parametrize("backend", sorted(EXPECTED))
+def test_widths_per_backend(backend):
+    expected = EXPECTED[backend]
+    if expected is None:
+        with pytest.raises(UnsupportedBackend, match=f"attention backend '{backend}' cannot run DFLASH"):
+            safe_widths(backend, B)
+        return
+    assert safe_widths(backend, B) == expected
+    # With CUDA graphs only the full block (graphed) and W = 0 remain, where allowed.
+    assert safe_widths(backend, B, cuda_graphs=True) == tuple(w for w in expected if w in (0, B - 1))
+
+
+def test_unknown_backend_is_full_block_only():
+    assert safe_widths("some_future_backend", B) == (B - 1,)
+
+
+@pytest.mark.parametrize("mode, extra, widths, needle", [
+    ("off", {}, (B - 1,), "policy mode 'off' needs one-row verification"),
+    ("fixed", {"fixed_width": 3}, (0, B - 1), "fixed_width = 3 is not a verify width"),
+])
+def test_modes_the_widths_cannot_serve_are_refused(mode, extra, widths, needle):
+    with pytest.raises(UnsupportedBackend, match=needle):
+        check_mode_widths(PolicyConfig(mode=mode, **extra), widths)
+
+
+@pytest.mark.parametrize("mode, extra", [("off", {}), ("on", {}), ("adaptive", {}),
+                                         ("fixed", {"fixed_width": B - 1})])
+def test_modes_the_widths_serve_pass(mode, extra):
+    check_mode_widths(PolicyConfig(mode=mode, **extra), (0, B - 1))
