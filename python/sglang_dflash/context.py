@@ -18,12 +18,23 @@ last row per slot winning, which is what writing them eagerly would give.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+from sglang_dflash.draft import context_slots
 from sglang_dflash.model import PagedContext
 from sglang_dflash.ragged import gather_rows
+
+@dataclass
+class GatheredContext:
+    """The drafter's context for one step, copied out of the cache and padded."""
+
+    k: torch.Tensor  # [num_layers, bs, L, kv_heads, head_dim] L = longest context
+    v: torch.Tensor  # [num_layers, bs, L, kv_heads, head_dim]
+    valid: torch.Tensor  # [bs, L] bool: position j < the request's context length
+
 
 # (features [N, F], positions [N]) -> k, v [num_layers, N, kv_heads, head_dim]
 Projector = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -123,6 +134,14 @@ class DraftContext:
         """Context K/V at slots [bs, L]; deferred rows are written first."""
         self.flush()
         return self.kv.gather(slots)
+
+    def gathered(self, rows: torch.Tensor, prefix_lens: torch.Tensor, max_prefix: int) -> GatheredContext:
+        """Each request's context K/V copied out and padded to the longest
+        (`max_prefix`, read on the host by the caller); rows: [bs, >= max_prefix]
+        slot-table rows."""
+        slots, valid = context_slots(rows, prefix_lens, max_prefix)
+        k, v = self.gather(slots)
+        return GatheredContext(k, v, valid)
 
     def paged(self, req_to_token, req_pool_indices, prefix_lens) -> PagedContext:
         """The cache itself and the slot table, for a drafter pass that reads its

@@ -69,18 +69,11 @@ def context_slots(
 class CommitPlan:
     commit_lens: torch.Tensor  # [bs] int64: accepted drafts + bonus
     new_seq_lens: torch.Tensor  # [bs] int64: committed KV length after the step
-    keep: torch.Tensor  # [bs, B] bool: verify rows whose target features become draft context
 
 
-def plan_commit(accept_len: torch.Tensor, prefix_lens: torch.Tensor, block_size: int) -> CommitPlan:
+def plan_commit(accept_len: torch.Tensor, prefix_lens: torch.Tensor) -> CommitPlan:
     """Rows 0..accept_len of the verify block (the anchor and the accepted drafts)
-    are now committed tokens; their target features become draft context. The
-    bonus is the next anchor and is not in the KV cache yet."""
+    are now committed tokens. The bonus is the next anchor and is not in the KV
+    cache yet."""
     commit_lens = accept_len.to(torch.int64) + 1
-    rows = torch.arange(block_size, device=accept_len.device)
-    keep = rows.unsqueeze(0) < commit_lens.unsqueeze(1)
-    return CommitPlan(
-        commit_lens=commit_lens,
-        new_seq_lens=prefix_lens.to(torch.int64) + commit_lens,
-        keep=keep,
-    )
+    return CommitPlan(commit_lens=commit_lens, new_seq_lens=prefix_lens.to(torch.int64) + commit_lens)

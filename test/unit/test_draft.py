@@ -36,12 +36,7 @@ def test_context_slots_takes_the_callers_max_prefix():
     assert all(torch.equal(a, b) for a, b in zip(given, computed))
 
 
-def test_plan_commit_keeps_anchor_and_accepted_rows():
-    plan = plan_commit(torch.tensor([0, 2, 3]), torch.tensor([10, 20, 30]), 4)
+def test_plan_commit_commits_anchor_and_accepted_rows():
+    plan = plan_commit(torch.tensor([0, 2, 3]), torch.tensor([10, 20, 30]))
     assert plan.commit_lens.tolist() == [1, 3, 4]
     assert plan.new_seq_lens.tolist() == [11, 23, 34]
-    assert plan.keep.tolist() == [
-        [True, False, False, False],
-        [True, True, True, False],
-        [True, True, True, True],
-    ]

@@ -61,7 +61,7 @@ def test_stages_of_a_sampled_step_read_nothing_back():
         seeded = counter_uniforms(torch.tensor([1, 2, 3, 4]), torch.tensor([10, 11, 12, 13]), 2 * slots + 1)
         uniforms = VerifyUniforms(accept=seeded[:, :slots], sample=seeded[:, slots:])
         result = verify_block(path.tokens, logits, rows, q, uniforms)
-        plan = plan_commit(result.accept_len, torch.tensor([7, 9, 3, 12]), slots + 1)
+        plan = plan_commit(result.accept_len, torch.tensor([7, 9, 3, 12]))
         rows_slots = torch.arange(bs * (slots + 1)) % 40  # repeated slots: the flush keeps the last
         context.commit(torch.randn(bs * (slots + 1), 8), torch.arange(bs * (slots + 1)), rows_slots,
                        defer=True)

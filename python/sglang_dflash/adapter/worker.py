@@ -48,8 +48,9 @@ from sglang_dflash.checkpoint import load_drafter, mask_embedding_for
 from sglang_dflash.config import resolve_mask_token_id
 from sglang_dflash.host_syncs import HostSyncCounter
 from sglang_dflash.hub import resolve_drafter_path
-from sglang_dflash.context import DraftContext, DraftKVCache
-from sglang_dflash.draft import context_slots, make_blocks, plan_commit
+from sglang_dflash.context import DraftContext, DraftKVCache, GatheredContext
+from sglang_dflash.draft import make_blocks, plan_commit
+from sglang_dflash.model import PagedContext
 from sglang_dflash.adapter.server_args import policy_config
 from sglang_dflash.adapter.verify_logits import VerifyLogits
 from sglang_dflash.policy import TUNING, SpeculationPolicy
@@ -363,23 +364,23 @@ class DFlashWorker(BaseSpecWorker):
         num_verify = width + 1
         positions = prefix.unsqueeze(1) + self._offsets[:num_verify]  # [bs, W+1] the verify rows
         if self.paged_context:  # no host read: the kernel reads each request's length itself
-            context = ("paged", batch.req_pool_indices)
+            context = self.context.paged(self.req_to_token_pool.req_to_token, batch.req_pool_indices, prefix)
             cache_loc = self._token_slots(batch.req_pool_indices, positions)
         else:
             max_prefix = int(prefix.max())  # the step's one host read of the lengths
             rows = self._context_rows(batch.req_pool_indices, max_prefix)
-            context = ("gathered", rows, max_prefix)
+            context = self.context.gathered(rows, prefix, max_prefix)
             cache_loc = rows.gather(1, positions).to(torch.int64)
         walk_u, verify_u = self._draw_uniforms(batch.reqs, prefix, width)
         block = make_blocks(anchor, prefix, self.mask_token_id, self.block_size)
-        proposal = self._draft(block, context, prefix, sampling, width, walk_u)
+        proposal = self._draft(block, context, sampling, width, walk_u)
         verify_ids = torch.cat([anchor.unsqueeze(1), proposal.drafts], dim=1)
         logits_output = self._verify(batch, verify_ids, positions, cache_loc, num_verify)
         self.verify_logits.adjust(batch, logits_output.next_token_logits, verify_ids, grammar_barrier)
         logits = logits_output.next_token_logits.view(bs, num_verify, -1)
         result = verify_block(proposal.drafts, logits, sampling, proposal.q, verify_u)
         self.verify_logits.on_commit(batch, result.tokens, result.accept_len)
-        plan = plan_commit(result.accept_len, prefix, num_verify)
+        plan = plan_commit(result.accept_len, prefix)
         self._report_sampling(batch, draft_input, logits_output, result.tokens, plan.commit_lens)
         if on_publish is not None:
             on_publish(plan.new_seq_lens)
@@ -543,23 +544,21 @@ class DFlashWorker(BaseSpecWorker):
         accept = u[:, num_drafts : num_drafts + width]
         return walk, VerifyUniforms(accept=accept, sample=u[:, num_drafts + width :])
 
-    def _draft(self, block, context, prefix, sampling, width, walk_uniforms) -> Proposal:
+    def _draft(self, block, context, sampling, width, walk_uniforms) -> Proposal:
         """Drafts for the first `width` >= 1 positions after the anchor. The
         drafter always drafts its whole block (its cost barely depends on W)."""
-        return self._draft_block(block, context, prefix, sampling, walk_uniforms).first(width)
+        return self._draft_block(block, context, sampling, walk_uniforms).first(width)
 
-    def _draft_block(self, block, context, prefix, sampling, uniforms) -> Proposal:
+    def _draft_block(self, block, context: PagedContext | GatheredContext, sampling, uniforms) -> Proposal:
         """One drafter pass over the block, then the v1 argmax or the v2 selector
-        path. `context`: ("paged", req_pool_indices), read in place, or
-        ("gathered", slot-table rows, longest prefix), gathered and padded."""
+        path. The context is read in place (`PagedContext`) or was copied out and
+        padded (`GatheredContext`)."""
         embeds = self._embed(block.token_ids)
-        if context[0] == "paged":
-            paged = self.context.paged(self.req_to_token_pool.req_to_token, context[1], prefix)
-            hidden = self.drafter.forward_block_paged(embeds, block.positions, paged)[:, 1:]
+        if isinstance(context, PagedContext):
+            hidden = self.drafter.forward_block_paged(embeds, block.positions, context)[:, 1:]
         else:
-            slots, valid = context_slots(context[1], prefix, context[2])
-            ctx_k, ctx_v = self.context.gather(slots)
-            hidden = self.drafter.forward_block(embeds, block.positions, ctx_k, ctx_v, valid)[:, 1:]
+            hidden = self.drafter.forward_block(embeds, block.positions, context.k, context.v,
+                                                context.valid)[:, 1:]
         if self.drafter.cfg.version == 1:
             return propose_argmax(hidden, self._lm_head_weight())
         bs = hidden.shape[0]

@@ -10,7 +10,8 @@ k_pos <= q_pos + w too when not causal.
 This twin gathers the context into a [bs, L] table (L = the longest prefix, a
 host read of the lengths) and runs one masked SDPA; the Triton kernel
 (`context_attention_triton.py`) reads each request's rows in place, up to its
-own length, with no gather, no padding and no host read. Imports torch only.
+own length, with no gather, no padding and no host read. Imports torch and
+the package's torch-only bookkeeping (`draft`, `ragged`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+
+from sglang_dflash.draft import context_slots
+from sglang_dflash.ragged import gather_rows
 
 
 @dataclass
@@ -55,14 +59,11 @@ def block_context_attention(
         [bs, B, nh, d] in q's dtype.
     """
     bs, block, heads, dim = q.shape
-    prefix = ctx.prefix_lens.to(torch.int64)
-    length = int(prefix.max()) if bs else 0
-    cols = torch.arange(length, device=q.device)
-    valid = cols.unsqueeze(0) < prefix.unsqueeze(1)  # [bs, L]
-    rows = ctx.req_to_token[ctx.req_pool_indices.to(torch.int64), :length].to(torch.int64)
-    slots = torch.where(valid, rows, torch.zeros_like(rows))
-    k = torch.cat((ctx.k_cache[slots].to(k_block.dtype), k_block), dim=1)  # [bs, L + B, kvh, d]
-    v = torch.cat((ctx.v_cache[slots].to(v_block.dtype), v_block), dim=1)
+    rows = ctx.req_to_token[ctx.req_pool_indices.to(torch.int64)]
+    slots, valid = context_slots(rows, ctx.prefix_lens.to(torch.int64))  # [bs, L]
+    k = torch.cat((gather_rows(ctx.k_cache, slots).to(k_block.dtype), k_block), dim=1)  # [bs, L + B, kvh, d]
+    v = torch.cat((gather_rows(ctx.v_cache, slots).to(v_block.dtype), v_block), dim=1)
+    cols = torch.arange(slots.shape[1], device=q.device)
     key_pos = torch.cat((cols.expand(bs, -1), positions.to(torch.int64)), dim=1)  # [bs, L + B]
     seen = torch.cat((valid, valid.new_ones(bs, block)), dim=1)  # [bs, L + B]
     mask = visibility(seen, positions.to(torch.int64), key_pos, causal=causal,
