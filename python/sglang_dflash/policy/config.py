@@ -88,6 +88,10 @@ class Tuning:
     probe_width: int = 2  # W of the periodic probe while off (largest candidate <= this)
     probe_length: int = 1  # steps a probe runs (the worker uses 2 under the overlap scheduler)
     probe_backoff: int = 4  # the probe interval doubles after each quiet probe, up to this factor
+    # ... and further, up to this factor, while off and each probe leaves speculation predicted
+    # to lose: there every probe costs plain steps and mostly re-confirms off (a load change,
+    # a switch, or a probe that does not confirm brings the interval back down).
+    off_probe_backoff: int = 16
     probe_share: float | None = 0.02  # a costly probe's extra time <= this share of the time between
     early_on_probes: int = 3  # early W > 0 probes while off, per batch-size bucket
     early_off_probes: int = 3  # early W = 0 probes while on, per batch-size bucket
@@ -106,7 +110,7 @@ class Tuning:
     def __post_init__(self) -> None:
         require(is_real(self.urgent_margin) and self.urgent_margin >= 0, "urgent_margin",
                 self.urgent_margin, "must be a number >= 0")
-        for key in ("probe_width", "probe_length", "probe_backoff", "cold_hold"):
+        for key in ("probe_width", "probe_length", "probe_backoff", "off_probe_backoff", "cold_hold"):
             value = getattr(self, key)
             require(is_int(value) and value >= 1, key, value, "must be an int >= 1")
         for key in ("early_on_probes", "early_off_probes"):

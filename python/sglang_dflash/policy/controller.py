@@ -104,7 +104,7 @@ class SpeculationPolicy:
         self._early_on_probes: dict[int, int] = {}  # bucket -> early on probes run
         self._bucket, self._bucket_run = -1, 0  # batch-size bucket of the last steps, and for how many
         self._cold_steps = 0  # steps held at the cold-start width before any step was timed
-        self._backoff = 1  # probe interval multiplier: 1, 2, 4, ... up to tuning.probe_backoff
+        self._backoff = 1  # probe interval multiplier: 1, 2, 4, ... up to `_backoff_cap`
         self._settled = -1  # the bucket the batch last stayed in for interval / 8 steps (-1: none)
         self._settled_step = 0  # ... since this step (the current load's start)
         self._last_off_probe: dict[int, int] = {}  # bucket -> step of its last early / refresh off probe
@@ -262,7 +262,7 @@ class SpeculationPolicy:
         probe = self._off_refresh(batch_size, thr)
         if probe is None:
             probe = self._early_on_probe(batch_size, thr)
-        return self._periodic_probe(batch_size) if probe is None else probe
+        return self._periodic_probe(batch_size, thr) if probe is None else probe
 
     def _off_refresh(self, batch_size: int, thr: list[float]) -> int | None:
         """While on, a W = 0 probe (two steps longer than a periodic one) in a
@@ -286,7 +286,7 @@ class SpeculationPolicy:
         self._last_off_probe[bucket] = self.steps
         return self._start_probe(0, self.tuning.probe_length + 2)
 
-    def _periodic_probe(self, batch_size: int) -> int:
+    def _periodic_probe(self, batch_size: int, thr: list[float]) -> int:
         """Once the interval has passed, a probe at another width (or the decided
         width while a costly probe must wait: `_probe_wait`)."""
         if self._since_probe < self.probe_interval:
@@ -296,9 +296,21 @@ class SpeculationPolicy:
         probe = self._on_probe(turn) if on else self._off_probe(turn)
         if self._since_probe < self._probe_wait(batch_size, probe):
             return self.width
-        self._backoff = min(2 * self._backoff, self.tuning.probe_backoff)
+        self._backoff = min(2 * self._backoff, self._backoff_cap(thr))
         self._probe_turns[on] += 1
         return self._start_probe(probe, self.tuning.probe_length)
+
+    def _backoff_cap(self, thr: list[float]) -> int:
+        """The largest probe-interval multiplier now: `probe_backoff`, or while
+        off with every W > 0 predicted below W = 0 (the probes so far confirm
+        off) `off_probe_backoff`. Why: while off each probe costs plain steps
+        (a speculative step's fixed cost for few tokens) and at a steady load
+        mostly measures what the last one did; a probe whose sample moves the
+        model toward speculation brings the cap back down at once."""
+        cap = self.tuning.probe_backoff
+        if self.width == 0 and max(thr[1:], default=0.0) < thr[0]:
+            cap = max(cap, self.tuning.off_probe_backoff)
+        return cap
 
     def _off_probe(self, turn: int) -> int:
         """While off: alternately `probe_width` and the widest candidate, so the

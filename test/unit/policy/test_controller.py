@@ -42,8 +42,10 @@ def test_turns_off_under_load_and_back_on_when_load_drops():
 def test_probes_while_off_and_turns_back_on_when_acceptance_improves():
     rng = random.Random(1)
     bs, interval = 16, 25
-    # probe_share None: every probe on the interval, however costly (see the share test).
-    policy = make_policy(probe_interval=interval, probe_width=2, probe_backoff=1, probe_share=None)
+    # probe_share None: every probe on the interval, however costly (see the share test);
+    # no backoff, while on or off.
+    policy = make_policy(probe_interval=interval, probe_width=2, probe_backoff=1,
+                         off_probe_backoff=1, probe_share=None)
     executed = run(policy, [0.1] * 7, bs, 400, rng)
     assert policy.width == 0
     probes = [i for i, w in enumerate(executed[100:]) if w > 0]
@@ -66,7 +68,7 @@ def test_costly_probes_take_a_bounded_share_of_the_time(share):
     last probe. Both probe widths still run."""
     rng = random.Random(4)
     bs, rates = 64, [0.3] * 7
-    policy = make_policy(probe_share=share, probe_length=2, trial_steps=0)
+    policy = make_policy(probe_share=share, probe_length=2, trial_steps=0, off_probe_backoff=4)
     executed = run(policy, rates, bs, 6000, rng)
     assert policy.width == 0
     tail = executed[1000:]
@@ -123,7 +125,8 @@ def test_probe_interval_backs_off_while_nothing_changes_and_resets_on_a_new_load
     in another batch-size bucket, brings the base interval back. One-step dips
     of the batch size (a finished request being replaced) do not."""
     rng = random.Random(5)
-    policy = make_policy(probe_interval=10, probe_backoff=4)
+    # The same cap while off (the longer one off: the next test).
+    policy = make_policy(probe_interval=10, probe_backoff=4, off_probe_backoff=4)
     executed = run(policy, [0.9] * 7, 1, 400, rng)
     assert policy.width == B - 1
     gaps = [b - a for a, b in itertools.pairwise(probe_starts(executed, B - 1))]
@@ -157,9 +160,48 @@ def test_probe_interval_backs_off_while_nothing_changes_and_resets_on_a_new_load
     assert policy.width > 0 and executed[-1] > 0
 
 
+@pytest.mark.parametrize("off_backoff", [16, 4])
+def test_probe_interval_backs_off_further_while_off_probes_confirm_off(off_backoff):
+    """While off, each probe costs plain steps (a speculative step's fixed cost
+    for few tokens), and at a steady load where every probe leaves speculation
+    predicted to lose, the interval keeps doubling past probe_backoff up to
+    off_probe_backoff. A new load brings the base interval back; when
+    acceptance recovers, a probe's sample caps the interval at probe_backoff
+    again and the policy turns speculation back on."""
+    rng = random.Random(7)
+    bs, interval = 32, 10
+    assert best_width_bruteforce([0.1] * 7, true_cost, bs, B - 1) == 0
+    policy = make_policy(probe_interval=interval, probe_backoff=4, off_probe_backoff=off_backoff,
+                         probe_share=None, trial_steps=0)
+    executed = run(policy, [0.1] * 7, bs, 3000, rng)
+    switches = policy.switches  # the cold start's, into off
+    assert policy.width == 0
+    cap = interval * off_backoff
+    gaps = [b - a for a, b in itertools.pairwise(probe_starts(executed, 0))]
+    assert set(gaps[-10:]) == {cap}, gaps
+    assert policy.probe_interval == cap
+    if off_backoff == 4:
+        return  # the cap of the test above: what the longer one is measured against
+    assert 20 in gaps and 40 in gaps and 80 in gaps, gaps  # doubled on its way past 4 x 10
+    # A new load (another batch-size bucket) starts again at the base interval.
+    run(policy, [0.1] * 7, 8, 5, rng)
+    assert policy.width == 0 and policy.probe_interval in (interval, 2 * interval)
+    run(policy, [0.1] * 7, bs, 3000, rng)
+    assert policy.width == 0 and policy.probe_interval == cap and policy.switches == switches
+    # Acceptance recovers: the next probe tips the model toward speculation
+    # (the interval drops back to probe_backoff's cap) and it switches on
+    # within a few of those intervals.
+    assert best_width_bruteforce([0.95] * 7, true_cost, bs, B - 1) > 0
+    executed = run(policy, [0.95] * 7, bs, cap + 4 * 4 * interval, rng)
+    assert policy.width > 0, policy.snapshot()
+    assert executed[-1] > 0
+
+
 def test_probe_backoff_is_validated():
     with pytest.raises(ValueError, match="probe_backoff"):
         make_policy(probe_backoff=0)
+    with pytest.raises(ValueError, match="off_probe_backoff"):
+        make_policy(off_probe_backoff=0)
 
 
 def test_off_cost_is_measured_early_in_a_new_batch_bucket():
@@ -399,12 +441,14 @@ def test_no_flapping_at_threshold_with_noise():
     assert best_on == pytest.approx(true_thr(rates, bs, 0), rel=1e-6)
     rng = random.Random(2)
     # probe_share None: every probe on the interval, in both (flapping follows probes).
-    policy = make_policy(probe_share=None)
+    # The probe cadence of probe_backoff while off too: a longer backoff off
+    # means fewer probes, which alone makes the naive policy flap less.
+    policy = make_policy(probe_share=None, off_probe_backoff=4)
     run(policy, rates, bs, 2000, rng, noise=0.05)
     # Without hysteresis, and without regime trials (whose flap trials would
     # measure the tie and damp the flapping: trials.py).
     naive = make_policy(switch_margin=0.0, urgent_margin=0.0,
-                        switch_patience=1, probe_share=None, trial_steps=0)
+                        switch_patience=1, probe_share=None, trial_steps=0, off_probe_backoff=4)
     run(naive, rates, bs, 2000, random.Random(2), noise=0.05)
     assert policy.switches <= 6, policy.snapshot()
     assert naive.switches > 3 * max(policy.switches, 1)  # the test would catch flapping
