@@ -235,6 +235,7 @@ def time_step(target, drafter, mask_id, ctx_len: int, iters: int, warmup: int) -
     from transformers import DynamicCache
 
     from sglang_dflash.propose import propose_argmax, propose_selector
+    from sglang_dflash.vocab_head import VocabHead
 
     cfg = drafter.cfg
     B, S = cfg.block_size, cfg.block_size - 1
@@ -274,7 +275,7 @@ def time_step(target, drafter, mask_id, ctx_len: int, iters: int, warmup: int) -
     block = block_ids.clone()
     block[0, 1:] = mask_id
     embed = target.get_input_embeddings()
-    lm_head = target.get_output_embeddings().weight[:vocab]
+    lm_head = VocabHead.whole(target.get_output_embeddings().weight, vocab)
     hidden = {}
 
     def draft_forward():

@@ -13,15 +13,15 @@ from typing import Optional
 
 import torch
 
-from sglang_dflash.candidates import head_logits, topk_candidates
 from sglang_dflash.ops import selector_walk
 from sglang_dflash.select import dense_q, lattice_scores
+from sglang_dflash.vocab_head import VocabHead
 
 
 @dataclass
 class Proposal:
     drafts: torch.Tensor  # [bs, S] int64 drafted tokens for block positions 1..S
-    q: Optional[torch.Tensor]  # [bs, S, V] float32 dense q, or None for a one-hot (argmax) draft
+    q: Optional[torch.Tensor]  # [bs, S, V] float32 dense q, or None: one-hot (argmax) draft or all greedy
 
     def first(self, width: int) -> Proposal:
         """The proposal of the first `width` slots (views, no copy)."""
@@ -29,16 +29,16 @@ class Proposal:
         return Proposal(drafts=self.drafts[:, :width], q=q)
 
 
-def propose_argmax(hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> Proposal:
+def propose_argmax(hidden: torch.Tensor, head: VocabHead) -> Proposal:
     """DFlash v1. hidden: [bs, S, H] drafter states at block positions 1..S."""
-    return Proposal(drafts=head_logits(hidden, lm_head_weight).argmax(dim=-1), q=None)
+    return Proposal(drafts=head.argmax(hidden), q=None)
 
 
 def propose_selector(
     drafter,
     hidden: torch.Tensor,
     anchor: torch.Tensor,
-    lm_head_weight: torch.Tensor,
+    head: VocabHead,
     temperature: torch.Tensor,
     greedy: torch.Tensor,
     uniforms: torch.Tensor,
@@ -50,19 +50,17 @@ def propose_selector(
     Args:
         drafter: a DFlash 2 `DFlashDrafter` (its cfg and candidate_selector).
         hidden: [bs, S, H]; anchor: [bs] the verified token before the block.
+        head: the target's LM head (this rank's shard under tensor parallelism).
         temperature: [bs]; greedy: [bs] bool; uniforms: [bs, S] pre-drawn.
         all_greedy: the caller knows on the host that every row is greedy
             (SGLang's `is_all_greedy`): the walk skips the softmax and CDF.
     Returns:
         drafts and the dense q over the target vocabulary (zero outside the
-        candidates; one-hot for greedy rows).
+        candidates; one-hot for greedy rows), or q = None when `all_greedy`.
     """
     cfg = drafter.cfg
-    vocab = lm_head_weight.shape[0]
-    cands = topk_candidates(
-        hidden, lm_head_weight, cfg.selector_top_k,
-        output_multiplier=cfg.output_multiplier, softcap=cfg.final_logit_softcapping,
-    )
+    cands = head.topk(hidden, cfg.selector_top_k, output_multiplier=cfg.output_multiplier,
+                      softcap=cfg.final_logit_softcapping)
     sel = drafter.candidate_selector
     scores = lattice_scores(
         cands, hidden.float(), anchor, sel.predecessor_codebook, sel.successor_codebook,
@@ -70,4 +68,7 @@ def propose_selector(
     )
     # The Triton kernel on CUDA, the torch twin elsewhere (ops/__init__.py).
     path = selector_walk(scores, cands.ids, temperature.float(), greedy, uniforms, all_greedy=all_greedy)
-    return Proposal(drafts=path.tokens, q=dense_q(path.q, cands.ids, vocab))
+    # An all-greedy batch's verify never reads q (greedy acceptance compares
+    # argmaxes): no [bs, S, V] float32 tensor for it.
+    q = None if all_greedy else dense_q(path.q, cands.ids, head.vocab)
+    return Proposal(drafts=path.tokens, q=q)

@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .candidates import Candidates, topk_candidates
+from .candidates import Candidates
 from .model import target_features
 from .propose import propose_argmax, propose_selector
+from .vocab_head import VocabHead
 
 
 @dataclass
@@ -110,11 +111,11 @@ def draft_block(drafter, target, ctx_feats: torch.Tensor, anchor: int, mask_toke
     of every slot when `k` is given (for coverage and path statistics)."""
     cfg = drafter.cfg
     hidden = draft_hidden(drafter, target, ctx_feats, anchor, mask_token_id)
-    head = target.get_output_embeddings().weight[:cfg.vocab_size]
+    head = VocabHead.whole(target.get_output_embeddings().weight, cfg.vocab_size)
     cands = None
     if k:
-        cands = topk_candidates(hidden, head, k, output_multiplier=cfg.output_multiplier,
-                                softcap=cfg.final_logit_softcapping)
+        cands = head.topk(hidden, k, output_multiplier=cfg.output_multiplier,
+                          softcap=cfg.final_logit_softcapping)
     if use_selector:
         dev, slots = hidden.device, hidden.shape[1]
         prop = propose_selector(drafter, hidden, torch.tensor([anchor], device=dev), head,

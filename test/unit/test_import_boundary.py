@@ -22,6 +22,7 @@ CORE_MODULES = [
     "sglang_dflash.verify",
     "sglang_dflash.verify_attention",
     "sglang_dflash.propose",
+    "sglang_dflash.vocab_head",
     "sglang_dflash.patches",
     "sglang_dflash.ops",
     "sglang_dflash.demo",

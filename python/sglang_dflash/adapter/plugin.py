@@ -113,6 +113,12 @@ def register() -> None:
     HookRegistry.register(MODEL_LOADER_TARGET, register_model_classes, HookType.BEFORE)
     HookRegistry.register(VALIDATE_TARGET, check_input_ids, HookType.BEFORE)
     HookRegistry.register(SAMPLING_VERIFY_TARGET, sampling_verify_available, HookType.REPLACE)
+    from sglang_dflash.adapter import cpu_parallel
+
+    HookRegistry.register(cpu_parallel.PARALLEL_GROUP_TARGET, cpu_parallel.no_pynccl_on_cpu,
+                          HookType.AROUND)
+    HookRegistry.register(cpu_parallel.THREADS_BINDING_TARGET, cpu_parallel.bind_rank_threads,
+                          HookType.AROUND)
     from sglang_dflash.adapter import metrics
 
     HookRegistry.register(metrics.METRICS_TARGET, metrics.rescale_window_accept_rate, HookType.BEFORE)

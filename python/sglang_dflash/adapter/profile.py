@@ -19,6 +19,7 @@ import time
 import torch
 
 from sglang_dflash.propose import propose_argmax, propose_selector
+from sglang_dflash.vocab_head import VocabHead
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -132,15 +133,18 @@ def _draft_fn(drafter, bs, block_size, context_len, lm_head_weight):
     greedy = torch.ones(bs, dtype=torch.bool, device=device)
     temperature = torch.ones(bs, device=device)
     uniforms = torch.rand(bs, block_size - 1, device=device)
+    # This rank's head rows, without a gather: the profile times local work only
+    # (no collective, so ranks need not profile in step).
+    head = VocabHead.whole(lm_head_weight, lm_head_weight.shape[0])
 
     def draft():
         # The worker's own path from block states to drafts (`_draft_block`):
         # the head, and for DFlash 2 the candidates, selector scores and walk.
         h = drafter.forward_block(embeds, positions, ctx_k, ctx_v, valid)[:, 1:]
         if cfg.version == 1:
-            propose_argmax(h, lm_head_weight)
+            propose_argmax(h, head)
         else:
-            propose_selector(drafter, h, anchor, lm_head_weight, temperature, greedy, uniforms,
+            propose_selector(drafter, h, anchor, head, temperature, greedy, uniforms,
                              all_greedy=True)
 
     return draft

@@ -127,8 +127,6 @@ def _check_device_and_parallelism(cfg) -> None:
         raise ValueError("sglang-dflash DFLASH does not support DP attention yet")
     if cfg.pp_size != 1:
         raise ValueError("DFLASH speculative decoding only supports pp_size == 1")
-    if cfg.tp_size != 1:
-        raise ValueError("sglang-dflash DFLASH supports tp_size == 1 only for now")
     if cfg.enable_mixed_chunk:
         raise ValueError("sglang-dflash DFLASH does not support --enable-mixed-chunk yet")
     if getattr(cfg, "enable_lora", False) or getattr(cfg, "lora_paths", None):

@@ -52,6 +52,7 @@ from sglang_dflash.context import DraftContext, DraftKVCache, GatheredContext
 from sglang_dflash.draft import make_blocks, plan_commit
 from sglang_dflash.model import PagedContext
 from sglang_dflash.adapter.server_args import policy_config
+from sglang_dflash.adapter.tensor_parallel import local_row, tensor_parallel, vocab_head
 from sglang_dflash.adapter.verify_logits import VerifyLogits
 from sglang_dflash.policy import TUNING, SpeculationPolicy
 from sglang_dflash.propose import Proposal, propose_argmax, propose_selector
@@ -127,12 +128,15 @@ class DFlashWorker(BaseSpecWorker):
         self.device = target_worker.device
         spec = get_spec()  # resolved arguments (server_args holds the raw ones)
         self.block_size = int(spec.speculative_num_draft_tokens)
+        self.tp = tensor_parallel()  # None on one rank (tensor_parallel.py: what ranks share)
         self.drafter = self._load_drafter(spec.speculative_draft_model_path,
                                           spec.speculative_draft_model_revision)
         self.mask_token_id = resolve_mask_token_id(
             self.drafter.cfg, getattr(target_worker, "tokenizer", None),
             int(self.model_runner.model_config.vocab_size))
         self._merge_mask_embedding()
+        self.head = vocab_head(self.model_runner.model.lm_head,
+                               int(self.model_runner.model_config.vocab_size), self.tp)
         self.context: DraftContext | None = None  # drafter context K/V (alloc_memory_pool)
         self.verify_logits: VerifyLogits | None = None  # penalties, grammar, bias (alloc_memory_pool)
         # Draws for the selector walk and the accept tests; independent of the
@@ -187,9 +191,12 @@ class DFlashWorker(BaseSpecWorker):
         emb = mask_embedding_for(self.drafter, self.mask_token_id)  # raises on an id mismatch
         if emb is None:
             return
-        weight = self.model_runner.model.model.embed_tokens.weight
+        embed_tokens = self.model_runner.model.model.embed_tokens
+        row = local_row(embed_tokens, self.mask_token_id, self.tp)
+        if row is None:  # another rank's vocabulary shard holds the mask token
+            return
         with torch.no_grad():
-            weight[self.mask_token_id].copy_(emb.to(weight.dtype))
+            embed_tokens.weight[row].copy_(emb.to(embed_tokens.weight.dtype))
 
     def _verify_widths(self) -> tuple[int, ...]:
         """The widths the target's attention backend verifies losslessly
@@ -348,7 +355,7 @@ class DFlashWorker(BaseSpecWorker):
         sample = self.clock.decode_started(bs, now)
         self._record(sample)
         self._last_decode_reqs = list(batch.reqs)
-        width = self.policy.choose_width(bs)  # verified drafts this step; 0 = plain decode
+        width = self._choose_width(bs)  # verified drafts this step; 0 = plain decode
         self.clock.ran(width)
         if self._trace is not None:
             trials = self.policy.trials
@@ -379,6 +386,9 @@ class DFlashWorker(BaseSpecWorker):
         self.verify_logits.adjust(batch, logits_output.next_token_logits, verify_ids, grammar_barrier)
         logits = logits_output.next_token_logits.view(bs, num_verify, -1)
         result = verify_block(proposal.drafts, logits, sampling, proposal.q, verify_u)
+        if self.tp is not None:
+            self.tp.check_same(torch.cat([result.tokens, result.accept_len.unsqueeze(1)], dim=1),
+                               "the verified tokens")
         self.verify_logits.on_commit(batch, result.tokens, result.accept_len)
         plan = plan_commit(result.accept_len, prefix)
         self._report_sampling(batch, draft_input, logits_output, result.tokens, plan.commit_lens)
@@ -417,6 +427,8 @@ class DFlashWorker(BaseSpecWorker):
             verify_u = self._draw_uniforms(batch.reqs, prefix, 0)[1]
             no_drafts = anchor.new_empty((bs, 0))
             bonus = verify_block(no_drafts, logits.view(bs, 1, -1), sampling, None, verify_u).tokens[:, 0]
+        if self.tp is not None:
+            self.tp.check_same(bonus, "the decoded tokens")
         self.verify_logits.on_commit(batch, bonus.unsqueeze(1), None)
         self._report_sampling(batch, draft_input, logits_output, bonus.unsqueeze(1),
                               torch.ones_like(bonus))
@@ -522,8 +534,13 @@ class DFlashWorker(BaseSpecWorker):
     def _embed(self, token_ids):
         return self.model_runner.model.model.embed_tokens(token_ids)
 
-    def _lm_head_weight(self):
-        return self.model_runner.model.lm_head.weight
+    def _choose_width(self, bs: int) -> int:
+        """The policy's width; under tensor parallelism rank 0's, broadcast
+        (each rank times its own steps, so their policies would drift apart).
+        The other ranks' policies still step, fed their own timings; only
+        their choice is overridden (none of their state reaches the output)."""
+        width = self.policy.choose_width(bs)
+        return width if self.tp is None else self.tp.share_width(width)
 
     def _draw_uniforms(self, reqs, prefix, width):
         """All uniforms of a step: the selector walk's [bs, B-1] (none at W = 0),
@@ -560,7 +577,7 @@ class DFlashWorker(BaseSpecWorker):
             hidden = self.drafter.forward_block(embeds, block.positions, context.k, context.v,
                                                 context.valid)[:, 1:]
         if self.drafter.cfg.version == 1:
-            return propose_argmax(hidden, self._lm_head_weight())
+            return propose_argmax(hidden, self.head)
         bs = hidden.shape[0]
         if sampling is None:  # all greedy
             greedy = torch.ones(bs, dtype=torch.bool, device=self.device)
@@ -568,7 +585,7 @@ class DFlashWorker(BaseSpecWorker):
         else:
             greedy, temperature = sampling.greedy, sampling.temperature
         return propose_selector(
-            self.drafter, hidden, block.token_ids[:, 0], self._lm_head_weight(),
+            self.drafter, hidden, block.token_ids[:, 0], self.head,
             temperature, greedy, uniforms, all_greedy=sampling is None,
         )
 

@@ -1,0 +1,172 @@
+"""Tensor and data parallelism on the CPU engine (two ranks, one core each).
+
+The demo pair (a trained DFlash 2 drafter, so drafts are accepted and the
+vocab-parallel candidate merge matters):
+
+* greedy DFLASH at --tp 2 is token-identical to plain decoding at --tp 2 and
+  to DFLASH at --tp 1 (32 prompts, batch sizes 1 and 8), with the adaptive
+  policy (rank 0's widths broadcast) and SGLANG_DFLASH_TP_CHECK=1, which
+  all-gathers every step's verified tokens and stops the server if the ranks
+  ever disagree;
+* sampling at --tp 2 keeps the target's distribution (chi-square homogeneity
+  against plain --tp 2, as in test_sampling.py);
+* an aborted request under --tp 2 leaves the server serving the same output;
+* --dp-size 2 serves DFLASH, each replica with its own policy, identical to
+  DFLASH on one rank.
+"""
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+import requests
+from scipy.stats import chi2_contingency
+
+from harness import Server, run_engine
+
+NUM_PROMPTS = 32
+BATCH_SIZES = (1, 8)
+GREEDY = {"max_new_tokens": 32, "temperature": 0.0}
+N_SAMPLES = 6000
+SAMPLING = {"max_new_tokens": 4, "temperature": 0.9, "top_p": 0.95, "top_k": 16}
+P_MIN = 1e-4
+ADAPTIVE = '{"mode": "adaptive"}'
+
+
+@pytest.fixture(scope="module")
+def demo():
+    from transformers import AutoTokenizer
+
+    from sglang_dflash.demo import demo_pair
+    from sglang_dflash.tools.prompts import mixed_prompts
+
+    target, drafter = demo_pair()
+    tok = AutoTokenizer.from_pretrained(target)
+    prompts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                       add_generation_prompt=True) for p in mixed_prompts(NUM_PROMPTS)]
+    return {"target": target, "drafter": drafter, "prompts": prompts, "tokenizer": tok}
+
+
+def _engine(demo, **extra):
+    return {"model_path": demo["target"], "max_running_requests": 64, **extra}
+
+
+def _dflash(demo):
+    return {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": demo["drafter"]}
+
+
+def _greedy_runs(demo):
+    return [{"name": f"bs{bs}", "prompts": demo["prompts"], "batch_size": bs,
+             "sampling_params": GREEDY} for bs in BATCH_SIZES]
+
+
+def _sampling_run(demo):
+    return {"name": "sampled", "prompts": [demo["prompts"][0]] * N_SAMPLES,
+            "batch_size": 256, "sampling_params": SAMPLING}
+
+
+@pytest.fixture(scope="module")
+def plain_tp2(demo):
+    return run_engine(_engine(demo, tp_size=2), _greedy_runs(demo) + [_sampling_run(demo)])
+
+
+@pytest.fixture(scope="module")
+def dflash_tp1(demo):
+    return run_engine(_engine(demo, **_dflash(demo)), _greedy_runs(demo))
+
+
+@pytest.fixture(scope="module")
+def dflash_tp2(demo):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SGLANG_DFLASH_POLICY", ADAPTIVE)
+        mp.setenv("SGLANG_DFLASH_TP_CHECK", "1")
+        return run_engine(_engine(demo, tp_size=2, **_dflash(demo)),
+                          _greedy_runs(demo) + [_sampling_run(demo)], with_state=True)
+
+
+def _ids(run):
+    return [r["output_ids"] for r in run["results"]]
+
+
+def _assert_same(want, got, label):
+    for name in (f"bs{bs}" for bs in BATCH_SIZES):
+        a, b = _ids(want[name]), _ids(got[name])
+        assert len(a) == len(b) == NUM_PROMPTS
+        diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+        assert not diff, f"{label} {name}: prompts {diff} differ"
+
+
+def test_greedy_tp2_identical_to_plain_tp2_and_to_tp1(plain_tp2, dflash_tp1, dflash_tp2):
+    runs, state = dflash_tp2
+    _assert_same(plain_tp2, runs, "DFLASH tp2 vs plain tp2")
+    _assert_same(dflash_tp1, runs, "DFLASH tp2 vs DFLASH tp1")
+    lengths = [r["meta_info"]["spec_accept_length"] for r in runs["bs1"]["results"]]
+    assert sum(lengths) / len(lengths) > 2.0, lengths  # the trained drafter really speculates
+    assert state["policy"]["mode"] == "adaptive" and state["steps"] > 0
+
+
+def _homogeneity_p(a, b, min_count=10):
+    ca, cb = Counter(a), Counter(b)
+    keys = sorted(set(ca) | set(cb), key=lambda k: -(ca[k] + cb[k]))
+    big = [k for k in keys if ca[k] + cb[k] >= min_count]
+    rest = [sum(c[k] for k in keys if ca[k] + cb[k] < min_count) for c in (ca, cb)]
+    table = [[c[k] for k in big] + [r] for c, r in zip((ca, cb), rest)]
+    if sum(rest) == 0:
+        table = [row[:-1] for row in table]
+    return 1.0 if len(table[0]) < 2 else chi2_contingency(table)[1]
+
+
+def test_sampling_tp2_matches_plain_tp2(plain_tp2, dflash_tp2):
+    """Tokens 2-4 and the pair (2, 3), as test_sampling.py; p < 1e-4 fails."""
+    base = [r["output_ids"] for r in plain_tp2["sampled"]["results"] if len(r["output_ids"]) >= 4]
+    got = [r["output_ids"] for r in dflash_tp2[0]["sampled"]["results"] if len(r["output_ids"]) >= 4]
+    assert min(len(base), len(got)) > 0.95 * N_SAMPLES
+    features = {"token2": lambda o: o[1], "token3": lambda o: o[2], "token4": lambda o: o[3],
+                "pair23": lambda o: (o[1], o[2])}
+    for key, f in features.items():
+        p = _homogeneity_p([f(o) for o in base], [f(o) for o in got])
+        assert p >= P_MIN, f"tp2: {key} differs from plain sampling (chi-square p = {p:.2e})"
+    lengths = [r["meta_info"]["spec_accept_length"] for r in dflash_tp2[0]["sampled"]["results"]]
+    assert sum(lengths) / len(lengths) > 1.2  # drafts accepted under sampling: q and p both matter
+
+
+def test_abort_under_tp2(demo, dflash_tp1):
+    """A request aborted mid-generation under --tp 2: the ranks drop it together
+    (no hang, no disagreement), and the server then serves every prompt as
+    DFLASH at --tp 1 does."""
+    srv = Server(["--model-path", demo["target"], "--speculative-algorithm", "DFLASH",
+                  "--speculative-draft-model-path", demo["drafter"], "--tp-size", "2"])
+    try:
+        room = 500 - len(demo["tokenizer"](demo["prompts"][1])["input_ids"])  # context: 512
+        body = {"text": demo["prompts"][1], "rid": "victim",
+                "sampling_params": {"max_new_tokens": room, "temperature": 0.0, "ignore_eos": True}}
+        reply = {}
+        victim = threading.Thread(target=lambda: reply.update(
+            r=requests.post(srv.url + "/generate", json=body, timeout=600)))
+        victim.start()
+        time.sleep(0.3)
+        requests.post(srv.url + "/abort_request", json={"rid": "victim"}, timeout=60).raise_for_status()
+        victim.join(timeout=600)
+        r = reply["r"]
+        r.raise_for_status()
+        meta = r.json()["meta_info"]
+        assert meta["finish_reason"]["type"] == "abort", meta["finish_reason"]
+        assert meta["completion_tokens"] < room
+        want = _ids(dflash_tp1["bs1"])
+        for i in (0, 1):
+            got = requests.post(srv.url + "/generate", timeout=600, json={
+                "text": demo["prompts"][i], "sampling_params": GREEDY}).json()
+            assert got["output_ids"] == want[i], i
+    finally:
+        srv.stop()
+
+
+def test_dp2_serves_dflash(demo, dflash_tp1):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SGLANG_DFLASH_POLICY", ADAPTIVE)
+        runs = run_engine(_engine(demo, dp_size=2, **_dflash(demo)), _greedy_runs(demo)[1:])
+    a, b = _ids(dflash_tp1["bs8"]), _ids(runs["bs8"])
+    assert a == b
+    assert all(r["meta_info"]["spec_verify_ct"] > 0 for r in runs["bs8"]["results"])
+
