@@ -1,7 +1,11 @@
 """Sampling is lossless on the real engine: the distribution of generated tokens
-2 to 4 with DFLASH (a trained v1 drafter, and a DFlash 2 drafter whose selector
-samples q at the request's temperature) is indistinguishable from the same
-engine without speculation.
+2 to 4 with DFLASH (a trained v1 drafter, one-hot q; the trained DFlash 2 demo
+drafter, whose selector samples q at the request's temperature; speculation
+off) is indistinguishable from the same engine without speculation.
+
+The DFlash 2 sampled walk (dense q, accept tests and residual draws against
+it) runs with the trained demo drafter below, which is accepted often enough
+to exercise both outcomes; a random DFlash 2 drafter adds only rejections.
 
 Test: 20 000 samples per engine of one chat prompt at temperature 0.9, top-p
 0.95, top-k 16 (T != 1 and both filters, where a wrong q or a lossy fallback
@@ -20,7 +24,7 @@ from scipy.stats import chi2_contingency
 
 from harness import chat_prompts, dflash_args, run_engine
 
-# About 10 minutes on a 2-core host (120 000 four-token requests over five
+# About 8 minutes on a 2-core host (80 000 four-token requests over four
 # engines, plus the demo pair's two); SGLANG_DFLASH_SKIP_SLOW_TESTS=1 skips it for a quick local run.
 pytestmark = pytest.mark.skipif(
     os.environ.get("SGLANG_DFLASH_SKIP_SLOW_TESTS") == "1",
@@ -78,7 +82,7 @@ def test_test_has_power(plain):
     assert min(_homogeneity_p(base[k], other[k]) for k in base) < P_MIN
 
 
-@pytest.mark.parametrize("drafter", ["drafter-trained", "dflash2-random"])
+@pytest.mark.parametrize("drafter", ["drafter-trained"])
 def test_sampled_distribution_matches_plain(plain, prompt, drafter):
     spec = run_engine({**ENGINE, **dflash_args(drafter)}, _runs(prompt))
     base, got = _features(plain["s"]), _features(spec["s"])
