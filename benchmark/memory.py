@@ -253,50 +253,17 @@ def ensure_models(root: str, rebuild: bool = False) -> tuple[str, str]:
 
 def _make_target(out: str) -> None:
     import torch
-    from safetensors.torch import save_file
+
+    from sglang_dflash.tools.random_target import Qwen3Shape, write_random_qwen3
 
     d = DIMS
-    h, hd, nh, nkv, L = d["hidden"], d["head_dim"], d["heads"], d["kv_heads"], d["layers"]
+    shape = Qwen3Shape(vocab=d["vocab"], hidden=d["hidden"], layers=d["layers"], heads=d["heads"],
+                       kv_heads=d["kv_heads"], head_dim=d["head_dim"], inter=d["inter"],
+                       max_pos=d["max_pos"], rope_theta=d["rope_theta"], eos=d["eos"], pad=d["pad"])
     os.makedirs(out)
-    gen = torch.Generator().manual_seed(d["seed"])
-
-    def rnd(*shape, std=0.02):
-        return torch.randn(*shape, generator=gen) * std
-
-    ones = torch.ones
-    tensors = {"model.embed_tokens.weight": rnd(d["vocab"], h, std=0.1),
-               "model.norm.weight": ones(h), "lm_head.weight": rnd(d["vocab"], h, std=0.2)}
-    for i in range(L):
-        p = f"model.layers.{i}."
-        tensors.update({
-            p + "input_layernorm.weight": ones(h), p + "post_attention_layernorm.weight": ones(h),
-            p + "self_attn.q_proj.weight": rnd(nh * hd, h), p + "self_attn.k_proj.weight": rnd(nkv * hd, h),
-            p + "self_attn.v_proj.weight": rnd(nkv * hd, h), p + "self_attn.o_proj.weight": rnd(h, nh * hd),
-            p + "self_attn.q_norm.weight": ones(hd), p + "self_attn.k_norm.weight": ones(hd),
-            p + "mlp.gate_proj.weight": rnd(d["inter"], h), p + "mlp.up_proj.weight": rnd(d["inter"], h),
-            p + "mlp.down_proj.weight": rnd(h, d["inter"]),
-        })
-    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out, "model.safetensors"),
-              metadata={"format": "pt"})
-    config = {  # the keys benchmark/gpu_kit's random target uses (transformers 5 layout)
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False,
-        "attention_dropout": 0.0, "bos_token_id": None, "eos_token_id": d["eos"],
-        "pad_token_id": d["pad"], "dtype": d["dtype"], "head_dim": hd, "hidden_act": "silu",
-        "hidden_size": h, "initializer_range": 0.02, "intermediate_size": d["inter"],
-        "layer_types": ["full_attention"] * L, "max_position_embeddings": d["max_pos"],
-        "max_window_layers": L, "num_attention_heads": nh, "num_hidden_layers": L,
-        "num_key_value_heads": nkv, "rms_norm_eps": 1e-6,
-        "rope_parameters": {"rope_theta": d["rope_theta"], "rope_type": "default"},
-        "sliding_window": None, "tie_word_embeddings": False, "use_cache": True,
-        "use_sliding_window": False, "vocab_size": d["vocab"],
-    }
-    write_json(os.path.join(out, "config.json"), config)
-    write_json(os.path.join(out, "generation_config.json"),
-               {"eos_token_id": d["eos"], "pad_token_id": d["pad"], "do_sample": False})
-    # SGLang reads the tokenizer files at start-up even with --skip-tokenizer-init
-    # (as benchmark/gpu_kit does); the requests carry token ids.
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(DEMO_TARGET, name), os.path.join(out, name))
+    # Embedding and head scaled up so the random logits are not all near-ties.
+    write_random_qwen3(out, shape, seed=d["seed"], dtype=getattr(torch, d["dtype"]), embed_std=0.1,
+                       head_std=0.2, tokenizer_from=DEMO_TARGET)
 
 
 def drafter_config() -> dict:

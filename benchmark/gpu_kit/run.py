@@ -37,7 +37,6 @@ import argparse
 import http.client
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -274,6 +273,7 @@ def make_random_pair(root: str, dims: dict, device: str) -> tuple[str, str]:
     sys.path.insert(0, PY_DIR)
     from sglang_dflash.config import build_target_layer_ids, parse_drafter_config
     from sglang_dflash.model import DFlashDrafter
+    from sglang_dflash.tools.random_target import Qwen3Shape, write_random_qwen3
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     dname = "bfloat16" if device == "cuda" else "float32"
@@ -284,49 +284,18 @@ def make_random_pair(root: str, dims: dict, device: str) -> tuple[str, str]:
     h, inter, hd = dims["hidden"], dims["inter"], dims["head_dim"]
     nh, nkv, vocab, L = dims["heads"], dims["kv_heads"], dims["vocab"], dims["layers"]
 
-    target_cfg = {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False,
-        "attention_dropout": 0.0, "bos_token_id": None, "eos_token_id": 2, "pad_token_id": 0,
-        "dtype": dname, "head_dim": hd, "hidden_act": "silu", "hidden_size": h,
-        "initializer_range": 0.02, "intermediate_size": inter,
-        "layer_types": ["full_attention"] * L, "max_position_embeddings": dims["max_pos"],
-        "max_window_layers": L, "num_attention_heads": nh, "num_hidden_layers": L,
-        "num_key_value_heads": nkv, "rms_norm_eps": 1e-6,
-        "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
-        "sliding_window": None, "tie_word_embeddings": False, "use_cache": True,
-        "use_sliding_window": False, "vocab_size": vocab,
-    }
+    target_shape = Qwen3Shape(vocab=vocab, hidden=h, layers=L, heads=nh, kv_heads=nkv, head_dim=hd,
+                       inter=inter, max_pos=dims["max_pos"])
+    # The demo tokenizer: servers of this pair run with --skip-tokenizer-init and
+    # token ids, but SGLang still reads the tokenizer config at start-up.
+    n_target = write_random_qwen3(target_dir, target_shape, seed=0, dtype=dtype, device=device,
+                                  tokenizer_from=DEMO_TARGET)
 
     def rnd(*shape, std=0.02):
         return (torch.randn(*shape, generator=gen, device=device, dtype=torch.float32) * std).to(dtype)
 
     def ones(n):
         return torch.ones(n, device=device, dtype=dtype)
-
-    tensors = {"model.embed_tokens.weight": rnd(vocab, h), "model.norm.weight": ones(h),
-               "lm_head.weight": rnd(vocab, h)}
-    for i in range(L):
-        p = f"model.layers.{i}."
-        tensors.update({
-            p + "input_layernorm.weight": ones(h), p + "post_attention_layernorm.weight": ones(h),
-            p + "self_attn.q_proj.weight": rnd(nh * hd, h), p + "self_attn.k_proj.weight": rnd(nkv * hd, h),
-            p + "self_attn.v_proj.weight": rnd(nkv * hd, h), p + "self_attn.o_proj.weight": rnd(h, nh * hd),
-            p + "self_attn.q_norm.weight": ones(hd), p + "self_attn.k_norm.weight": ones(hd),
-            p + "mlp.gate_proj.weight": rnd(inter, h), p + "mlp.up_proj.weight": rnd(inter, h),
-            p + "mlp.down_proj.weight": rnd(h, inter),
-        })
-    save_file({k: v.contiguous().cpu() for k, v in tensors.items()},
-              os.path.join(target_dir, "model.safetensors"))
-    n_target = sum(t.numel() for t in tensors.values())
-    del tensors
-    with open(os.path.join(target_dir, "config.json"), "w") as f:
-        json.dump(target_cfg, f, indent=2)
-    with open(os.path.join(target_dir, "generation_config.json"), "w") as f:
-        json.dump({"eos_token_id": 2, "pad_token_id": 0, "do_sample": False}, f)
-    # The demo tokenizer: servers of this pair run with --skip-tokenizer-init and
-    # token ids, but SGLang still reads the tokenizer config at start-up.
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(DEMO_TARGET, name), os.path.join(target_dir, name))
 
     n_draft = dims["draft_layers"]
     drafter_cfg = {

@@ -38,6 +38,7 @@ CORE_MODULES = [
     "sglang_dflash.target_support",
     "sglang_dflash.tools.acceptance_report",
     "sglang_dflash.tools.prompts",
+    "sglang_dflash.tools.random_target",
     "sglang_dflash.tools.chat_tokenizer",
     "sglang_dflash.tools.tiny_models",
 ]
