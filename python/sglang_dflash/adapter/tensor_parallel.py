@@ -38,14 +38,8 @@ class TensorParallel:
 
     def __init__(self, group) -> None:
         self.group = group
-        self.size = group.world_size
-        self.rank = group.rank_in_group
         self.check = os.environ.get(TP_CHECK_ENV, "0") == "1"
         self._width = torch.zeros(1, dtype=torch.int64)
-
-    @property
-    def leader(self) -> bool:
-        return self.rank == 0
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """x [...] -> [tp, ...], every rank's x in rank order."""

@@ -59,8 +59,11 @@ def block_context_attention(
         [bs, B, nh, d] in q's dtype.
     """
     bs, block, heads, dim = q.shape
-    rows = ctx.req_to_token[ctx.req_pool_indices.to(torch.int64)]
-    slots, valid = context_slots(rows, ctx.prefix_lens.to(torch.int64))  # [bs, L]
+    prefix = ctx.prefix_lens.to(torch.int64)
+    length = int(prefix.max()) if bs else 0
+    # Only the first `length` columns of each request's row: the table is as wide as the model's context.
+    rows = ctx.req_to_token[ctx.req_pool_indices.to(torch.int64), :length]
+    slots, valid = context_slots(rows, prefix, length)  # [bs, L]
     k = torch.cat((gather_rows(ctx.k_cache, slots).to(k_block.dtype), k_block), dim=1)  # [bs, L + B, kvh, d]
     v = torch.cat((gather_rows(ctx.v_cache, slots).to(v_block.dtype), v_block), dim=1)
     cols = torch.arange(slots.shape[1], device=q.device)
