@@ -40,11 +40,11 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from sglang_dflash import ops, select  # noqa: E402
-from sglang_dflash.candidates import topk_candidates  # noqa: E402
 from sglang_dflash.config import DrafterConfig  # noqa: E402
 from sglang_dflash.model import DFlashDrafter, RMSNorm, apply_rope, rope_cos_sin  # noqa: E402
 from sglang_dflash.ops.rejection_ref import chain_rejection_sample_uniforms  # noqa: E402
 from sglang_dflash.rejection import target_probs  # noqa: E402
+from sglang_dflash.vocab_head import VocabHead  # noqa: E402
 
 FULL = dict(hidden=4096, inter=12288, heads=32, kv_heads=8, head_dim=128, draft_layers=5,
             block=8, vocab=151_936, top_k=16, rank=256, conv_taps=2, conv_group=16,
@@ -274,7 +274,7 @@ class DraftStep:
                                         self.ctx_valid)[:, 1:]  # the drafted slots
 
     def candidates(self, h):
-        return topk_candidates(h, self.lm_head, self.top_k)
+        return VocabHead.whole(self.lm_head, self.lm_head.shape[0]).topk(h, self.top_k)
 
     def select(self, h, cands):
         sel = self.model.candidate_selector

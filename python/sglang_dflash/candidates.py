@@ -2,8 +2,9 @@
 
 The drafter's hidden state at each drafted position is projected through the
 *target* LM head, restricted to the real vocabulary, and the K best tokens are
-kept together with their unary scores. The selector (`select.py`) then chooses
-one path through these candidates.
+kept together with their unary scores (`VocabHead.topk` in `vocab_head.py`,
+built from the pieces here). The selector (`select.py`) then chooses one path
+through these candidates.
 
 Unary transform, applied to the K kept logits only:
 
@@ -38,41 +39,6 @@ class Candidates:
 
     ids: torch.Tensor  # [bs, S, K] int64 token ids, sorted by unary score descending
     unary: torch.Tensor  # [bs, S, K] float32 transformed unary scores
-
-
-def topk_candidates(
-    hidden: torch.Tensor,
-    lm_head_weight: torch.Tensor,
-    k: int,
-    *,
-    output_multiplier: float = 1.0,
-    softcap: Optional[float] = None,
-    vocab_size: Optional[int] = None,
-) -> Candidates:
-    """Project draft hidden states through the target head and keep the top K.
-
-    Args:
-        hidden: [bs, S, H] draft hidden states at the S drafted positions.
-        lm_head_weight: [V_padded, H] target LM head weight.
-        k: number of candidates per position, 1 <= k <= vocab.
-        output_multiplier: positive scale applied to the kept logits.
-        softcap: cap for `cap * tanh(x / cap)`; None or <= 0 disables it
-            (HF configs spell "no softcap" as null or 0.0).
-        vocab_size: real vocabulary size; rows of `lm_head_weight` past it are
-            padding and never become candidates. None uses every row.
-
-    Returns:
-        Candidates with ids [bs, S, k] int64 and unary [bs, S, k] float32.
-
-    Raises:
-        ValueError: on a bad shape, k out of range, or a non-positive
-            multiplier.
-    """
-    vocab = _check_topk_inputs(hidden, lm_head_weight, k, output_multiplier, vocab_size)
-    logits = head_logits(hidden, lm_head_weight[:vocab])  # [bs, S, vocab]
-    values, ids = torch.topk(logits, k, dim=-1, largest=True, sorted=True)
-    unary = transform_unary(values, output_multiplier, softcap)
-    return Candidates(ids=ids.to(torch.int64), unary=unary)
 
 
 def transform_unary(
@@ -167,34 +133,3 @@ def _mm_float32_out(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         except (TypeError, RuntimeError):  # torch without mm(out_dtype=) for this dtype
             pass
     return torch.mm(rows, weight.t()).float()
-
-
-def _check_topk_inputs(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    k: int,
-    output_multiplier: float,
-    vocab_size: Optional[int],
-) -> int:
-    """Validate `topk_candidates` arguments; return the vocabulary to use."""
-    if hidden.dim() != 3:
-        raise ValueError(f"hidden must be [bs, S, H], got shape {tuple(hidden.shape)}")
-    if weight.dim() != 2:
-        raise ValueError(f"lm_head_weight must be [V, H], got shape {tuple(weight.shape)}")
-    if weight.shape[1] != hidden.shape[2]:
-        raise ValueError(
-            f"lm_head_weight shape {tuple(weight.shape)} does not match hidden size "
-            f"{hidden.shape[2]} of hidden shape {tuple(hidden.shape)}"
-        )
-    vocab = weight.shape[0] if vocab_size is None else vocab_size
-    if not 1 <= vocab <= weight.shape[0]:
-        raise ValueError(
-            f"vocab_size={vocab_size} must be in [1, {weight.shape[0]}] "
-            f"(lm_head_weight shape {tuple(weight.shape)})"
-        )
-    if not 1 <= k <= vocab:
-        raise ValueError(f"k={k} must be in [1, vocab={vocab}]")
-    # A non-positive scale would reverse or flatten the candidate order.
-    if not output_multiplier > 0:
-        raise ValueError(f"output_multiplier={output_multiplier} must be positive")
-    return vocab

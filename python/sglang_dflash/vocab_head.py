@@ -43,6 +43,8 @@ class VocabHead:
     gather: Optional[Gather] = None  # None on one rank
 
     def __post_init__(self) -> None:
+        if self.weight.dim() != 2:
+            raise ValueError(f"the LM head weight must be [V, H], got shape {tuple(self.weight.shape)}")
         if not 0 < self.size <= self.weight.shape[0]:
             raise ValueError(f"shard size {self.size} must be in [1, {self.weight.shape[0]}] "
                              "(the head's rows on this rank)")
@@ -59,6 +61,9 @@ class VocabHead:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[bs, S, H] -> [bs, S, size] float32 logits over this rank's tokens."""
+        if hidden.dim() != 3 or hidden.shape[2] != self.weight.shape[1]:
+            raise ValueError(f"hidden must be [bs, S, H = {self.weight.shape[1]}] for an LM head "
+                             f"of shape {tuple(self.weight.shape)}, got {tuple(hidden.shape)}")
         return head_logits(hidden, self.weight[: self.size])
 
     def _reduce_rows(self, hidden: torch.Tensor, reduce) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,6 +96,8 @@ class VocabHead:
         merge, it keeps the raw logits' order)."""
         if not 1 <= k <= self.vocab:
             raise ValueError(f"k={k} must be in [1, vocab = {self.vocab}]")
+        if not output_multiplier > 0:  # zero or negative would flatten or reverse the order
+            raise ValueError(f"output_multiplier={output_multiplier} must be positive")
         values, ids = self._reduce_rows(
             hidden, lambda logits: torch.topk(logits, min(k, self.size), dim=-1, largest=True, sorted=True))
         ids = ids.to(torch.int64)

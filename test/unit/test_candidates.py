@@ -1,17 +1,19 @@
-"""Unit tests for candidates.py: top-K candidates, unary transform, TP merge."""
+"""Unit tests for the top-K candidates (candidates.py's pieces through
+VocabHead.whole's top-K on one rank), the unary transform and the TP merge."""
 
 import math
 
 import pytest
 import torch
-from sglang_dflash.candidates import (
-    Candidates,
-    merge_shard_topk,
-    topk_candidates,
-    transform_unary,
-)
+from sglang_dflash.candidates import Candidates, merge_shard_topk, transform_unary
+from sglang_dflash.vocab_head import VocabHead
 
 torch.set_num_threads(1)
+
+
+def topk_candidates(h, w, k, *, vocab_size=None, **kw):
+    """One rank's candidates: the first `vocab_size` head rows are the vocabulary."""
+    return VocabHead.whole(w, w.shape[0] if vocab_size is None else vocab_size).topk(h, k, **kw)
 
 
 def _random_inputs(seed, bs=3, slots=5, hidden=16, vocab=40):
@@ -134,8 +136,8 @@ def test_merge_shard_topk_equals_full_topk(seed, tp):
     "make_args,match",
     [
         (lambda h, w: (h[0], w, 4), "hidden"),
-        (lambda h, w: (h, w[0], 4), "lm_head_weight"),
-        (lambda h, w: (h, w[:, :-1], 4), "lm_head_weight"),
+        (lambda h, w: (h, w[0], 4), "LM head weight"),
+        (lambda h, w: (h, w[:, :-1], 4), "hidden must be"),
         (lambda h, w: (h, w, 41), "k=41"),
         (lambda h, w: (h, w, 0), "k=0"),
     ],
@@ -150,7 +152,7 @@ def test_topk_bad_options_raise():
     h, w = _random_inputs(7)
     with pytest.raises(ValueError, match="k=10"):
         topk_candidates(h, w, 10, vocab_size=8)
-    with pytest.raises(ValueError, match="vocab_size"):
+    with pytest.raises(ValueError, match="shard size 41"):
         topk_candidates(h, w, 4, vocab_size=41)
     with pytest.raises(ValueError, match="output_multiplier"):
         topk_candidates(h, w, 4, output_multiplier=0.0)

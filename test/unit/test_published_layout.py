@@ -36,7 +36,7 @@ try:
 except ImportError:  # running from a checkout without an installed package
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 
-from sglang_dflash.candidates import topk_candidates  # noqa: E402
+from sglang_dflash.vocab_head import VocabHead  # noqa: E402
 from sglang_dflash.checkpoint import load_drafter  # noqa: E402
 from sglang_dflash.config import resolve_mask_token_id  # noqa: E402
 from sglang_dflash.select import lattice_scores, walk  # noqa: E402
@@ -411,9 +411,9 @@ def test_dflash2_published_layout_matches_upstream(tmp_path, sliding_window, rop
     hidden, anchors = ours[:, 1:], torch.tensor([17, 42])
     ids, unary = upstream.candidates(hidden, lm_head)
     sel = drafter.candidate_selector
-    cands = topk_candidates(hidden, lm_head, c.selector_top_k,
-                            output_multiplier=c.output_multiplier,
-                            softcap=c.final_logit_softcapping, vocab_size=c.vocab_size)
+    cands = VocabHead.whole(lm_head, c.vocab_size).topk(
+        hidden, c.selector_top_k, output_multiplier=c.output_multiplier,
+        softcap=c.final_logit_softcapping)
     assert torch.equal(cands.ids, ids)
     torch.testing.assert_close(cands.unary.double(), unary, rtol=1e-5, atol=1e-5)
     assert unary.abs().max() > 2.0  # the softcap is exercised, not idle

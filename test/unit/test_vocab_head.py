@@ -8,7 +8,6 @@ states (what SGLang's all-gather returns on every rank)."""
 import pytest
 import torch
 
-from sglang_dflash.candidates import topk_candidates
 from sglang_dflash.vocab_head import VocabHead
 
 
@@ -102,7 +101,7 @@ def test_sharded_topk_equals_whole(tp, k):
     vocab, hidden = 97, 16
     weight, h = torch.randn(vocab, hidden), torch.randn(2, 7, hidden)
     kw = dict(output_multiplier=0.5, softcap=3.0)
-    want = topk_candidates(h, weight, k, vocab_size=vocab, **kw)
+    want = VocabHead.whole(weight, vocab).topk(h, k, **kw)
     got = _run_ranks(_shards(weight, vocab, _bounds(vocab, tp)), lambda head: head.topk(h, k, **kw))
     for cands in got:
         assert torch.equal(cands.ids, want.ids)
