@@ -447,6 +447,11 @@ class DFlashWorker(BaseSpecWorker):
         """The scheduler's view of a decode step: tokens [bs, W+1] (PAD after each
         request's bonus) padded to the block, commit lengths [bs] (None: one each)."""
         bs, num_verify = tokens.shape
+        # The verify logits ([bs * (W+1), V] float32) are spent: the scheduler
+        # reads only the tokens, counts and logprobs, but keeps the result alive
+        # into the next step (its result queue under the overlap scheduler), so
+        # holding them would keep two steps' logits resident at once.
+        logits_output.next_token_logits = None
         padded = torch.nn.functional.pad(tokens, (0, self.block_size - num_verify), value=PAD_TOKEN_ID)
         if commit_lens is None:
             accept_lens = torch.ones(bs, dtype=torch.int32, device=self.device)
