@@ -21,17 +21,42 @@ from sglang_dflash.vocab_head import VocabHead
 @dataclass
 class Proposal:
     drafts: torch.Tensor  # [bs, S] int64 drafted tokens for block positions 1..S
-    q: Optional[torch.Tensor]  # [bs, S, V] float32 dense q, or None: one-hot (argmax) draft or all greedy
+    # The walk's q over each slot's K candidates (DFlash 2), or None: a
+    # deterministic draft (DFlash v1 argmax), whose q is one-hot.
+    q_probs: Optional[torch.Tensor] = None  # [bs, S, K] float32
+    q_ids: Optional[torch.Tensor] = None  # [bs, S, K] int64 the candidates q_probs is over
 
     def first(self, width: int) -> Proposal:
         """The proposal of the first `width` slots (views, no copy)."""
-        q = None if self.q is None else self.q[:, :width]
-        return Proposal(drafts=self.drafts[:, :width], q=q)
+        cut = lambda t: None if t is None else t[:, :width]  # noqa: E731
+        return Proposal(self.drafts[:, :width], cut(self.q_probs), cut(self.q_ids))
+
+    def rows(self, n: int) -> Proposal:
+        """The proposal of the first `n` requests (views, no copy)."""
+        cut = lambda t: None if t is None else t[:n]  # noqa: E731
+        return Proposal(self.drafts[:n], cut(self.q_probs), cut(self.q_ids))
+
+    def dense_q(self, vocab: int) -> Optional[torch.Tensor]:
+        """[bs, S, V] float32 q over the whole vocabulary for the verifier (zero
+        outside the candidates), or None for a deterministic draft. Built only
+        for batches with sampled rows: a greedy verify never reads q."""
+        return None if self.q_probs is None else dense_q(self.q_probs, self.q_ids, vocab)
+
+
+def propose(drafter, hidden: torch.Tensor, anchor: torch.Tensor, head: VocabHead,
+            temperature: torch.Tensor, greedy: torch.Tensor, uniforms: torch.Tensor, *,
+            all_greedy: bool = False) -> Proposal:
+    """The drafter version's proposal from its block states (arguments as
+    `propose_selector`; v1 reads only hidden and head)."""
+    if drafter.cfg.version == 1:
+        return propose_argmax(hidden, head)
+    return propose_selector(drafter, hidden, anchor, head, temperature, greedy, uniforms,
+                            all_greedy=all_greedy)
 
 
 def propose_argmax(hidden: torch.Tensor, head: VocabHead) -> Proposal:
     """DFlash v1. hidden: [bs, S, H] drafter states at block positions 1..S."""
-    return Proposal(drafts=head.argmax(hidden), q=None)
+    return Proposal(drafts=head.argmax(hidden))
 
 
 def propose_selector(
@@ -55,8 +80,8 @@ def propose_selector(
         all_greedy: the caller knows on the host that every row is greedy
             (SGLang's `is_all_greedy`): the walk skips the softmax and CDF.
     Returns:
-        drafts and the dense q over the target vocabulary (zero outside the
-        candidates; one-hot for greedy rows), or q = None when `all_greedy`.
+        drafts and the walk's q over each slot's candidates (one-hot for
+        greedy rows).
     """
     cfg = drafter.cfg
     cands = head.topk(hidden, cfg.selector_top_k, output_multiplier=cfg.output_multiplier,
@@ -68,7 +93,4 @@ def propose_selector(
     )
     # The Triton kernel on CUDA, the torch twin elsewhere (ops/__init__.py).
     path = selector_walk(scores, cands.ids, temperature.float(), greedy, uniforms, all_greedy=all_greedy)
-    # An all-greedy batch's verify never reads q (greedy acceptance compares
-    # argmaxes): no [bs, S, V] float32 tensor for it.
-    q = None if all_greedy else dense_q(path.q, cands.ids, head.vocab)
-    return Proposal(drafts=path.tokens, q=q)
+    return Proposal(drafts=path.tokens, q_probs=path.q, q_ids=cands.ids)

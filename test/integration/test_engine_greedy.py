@@ -3,9 +3,9 @@
 32 real prompts (GSM8K, HumanEval, MT-Bench, chat template applied), submitted
 in groups of 1, 4 and 16 (the decode batch size), max_new_tokens 64: the token
 ids generated with DFLASH must equal those of the same engine without
-speculation, for a random drafter (acceptance near 0) and for a drafter trained
-on the target (multi-token accepts). The plain engine runs at the same group
-sizes, so any difference is the speculative path's.
+speculation, for random drafters (acceptance near 0; groups of 4 and 16) and
+for a drafter trained on the target (multi-token accepts). The plain engine
+runs at the same group sizes, so any difference is the speculative path's.
 """
 
 import pytest
@@ -17,10 +17,10 @@ BATCH_SIZES = (1, 4, 16)
 GREEDY = {"max_new_tokens": 64, "temperature": 0.0}
 
 
-def _runs(prompts):
+def _runs(prompts, batch_sizes=BATCH_SIZES):
     return [
         {"name": f"bs{bs}", "prompts": prompts, "batch_size": bs, "sampling_params": GREEDY}
-        for bs in BATCH_SIZES
+        for bs in batch_sizes
     ]
 
 
@@ -39,7 +39,7 @@ def _ids(run):
 
 
 def _check_identical(plain, spec):
-    for name in plain:
+    for name in spec:
         want, got = _ids(plain[name]), _ids(spec[name])
         assert len(got) == len(want) == NUM_PROMPTS
         for i, (w, g) in enumerate(zip(want, got)):
@@ -50,9 +50,18 @@ def _accept_lengths(run):
     return [r["meta_info"]["spec_accept_length"] for r in run["results"]]
 
 
+@pytest.fixture(scope="module")
+def trained(prompts):
+    """The trained drafter's runs, shared by the identity test and the paged-path test."""
+    return run_engine(dflash_args("drafter-trained"), _runs(prompts))
+
+
 @pytest.mark.parametrize("drafter", ["drafter-random", "drafter-trained", "dflash2-random"])
-def test_dflash_greedy_identical_to_plain(plain, prompts, drafter):
-    spec = run_engine(dflash_args(drafter), _runs(prompts))
+def test_dflash_greedy_identical_to_plain(plain, prompts, drafter, request):
+    if drafter == "drafter-trained":
+        spec = request.getfixturevalue("trained")
+    else:  # batch 1 is the same path as 4, and 32 one-request decodes are the slow part
+        spec = run_engine(dflash_args(drafter), _runs(prompts, BATCH_SIZES[1:]))
     _check_identical(plain, spec)
     for name, run in spec.items():
         lengths = _accept_lengths(run)
@@ -95,14 +104,20 @@ def test_demo_pair_greedy_identical_and_speculates():
             assert mean > 3.0, f"{name}: demo pair mean spec_accept_length {mean:.2f} <= 3.0"
 
 
-def test_paged_context_path_greedy_identical_to_plain(plain, prompts, monkeypatch):
+def test_paged_context_and_static_draft_greedy_identical_to_plain(plain, prompts, trained, monkeypatch):
     """The drafter reading its context in place (the path the Triton kernel takes on
-    CUDA), forced here through its torch twin: identical output, and the same
-    drafts as the gathered path (acceptance within float noise)."""
-    gathered = run_engine(dflash_args("drafter-trained"), _runs(prompts))
+    CUDA, forced here through its torch twin), first directly, then through the
+    draft step on static batch-size buckets (the path a CUDA graph replays,
+    eager here; a shrinking batch runs padded to its bucket): identical output,
+    and the same drafts as the gathered path (acceptance within float noise)."""
+    gathered = trained
     monkeypatch.setenv("SGLANG_DFLASH_PAGED_CONTEXT", "1")
     paged = run_engine(dflash_args("drafter-trained"), _runs(prompts))
-    _check_identical(plain, paged)
-    for name in paged:
-        a, b = _accept_lengths(paged[name]), _accept_lengths(gathered[name])
-        assert abs(sum(a) - sum(b)) <= 0.02 * sum(b), f"{name}: {sum(a):.2f} vs {sum(b):.2f}"
+    monkeypatch.setenv("SGLANG_DFLASH_STATIC_DRAFT", "1")
+    static, state = run_engine(dflash_args("drafter-trained"), _runs(prompts), with_state=True)
+    assert state["static_draft"]["steps"] > 0 and not state["static_draft"]["captured"], state
+    for spec in (paged, static):
+        _check_identical(plain, spec)
+        for name in spec:
+            a, b = _accept_lengths(spec[name]), _accept_lengths(gathered[name])
+            assert abs(sum(a) - sum(b)) <= 0.02 * sum(b), f"{name}: {sum(a):.2f} vs {sum(b):.2f}"

@@ -149,9 +149,10 @@ def test_chunked_rows_equal_one_pass(monkeypatch, chunk_bytes):
     assert all(torch.equal(c.ids, want_top.ids) for c in sharded)
 
 
-def test_all_greedy_proposal_has_no_dense_q():
-    """An all-greedy batch skips the [bs, S, V] q (its verify never reads it);
-    the drafts are those of the same batch walked with greedy rows and a q."""
+def test_all_greedy_walk_drafts_as_the_general_walk():
+    """The all-greedy walk (no softmax, no CDF) drafts what the general walk
+    drafts for greedy rows, with the same one-hot q; the [bs, S, V] dense q is
+    built only on demand (a greedy verify never asks)."""
     from sglang_dflash.checkpoint import load_drafter
     from sglang_dflash.demo import tiny_paths
     from sglang_dflash.propose import propose_selector
@@ -174,5 +175,8 @@ def test_all_greedy_proposal_has_no_dense_q():
             torch.rand(bs, slots))
     with torch.no_grad():
         fast, general = propose_selector(*args, all_greedy=True), propose_selector(*args)
-    assert fast.q is None and general.q is not None
     assert torch.equal(fast.drafts, general.drafts)
+    assert torch.equal(fast.q_probs, general.q_probs) and torch.equal(fast.q_ids, general.q_ids)
+    dense = general.dense_q(cfg.vocab_size)
+    assert dense.shape == (bs, slots, cfg.vocab_size)
+    torch.testing.assert_close(dense.sum(-1), torch.ones(bs, slots))

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from sglang_dflash.propose import propose_argmax, propose_selector
+from sglang_dflash.propose import propose
 from sglang_dflash.vocab_head import VocabHead
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -138,13 +138,9 @@ def _draft_fn(drafter, bs, block_size, context_len, lm_head_weight):
     head = VocabHead.whole(lm_head_weight, lm_head_weight.shape[0])
 
     def draft():
-        # The worker's own path from block states to drafts (`_draft_block`):
-        # the head, and for DFlash 2 the candidates, selector scores and walk.
+        # The worker's own path from block states to drafts (`_draft`): the
+        # head, and for DFlash 2 the candidates, selector scores and walk.
         h = drafter.forward_block(embeds, positions, ctx_k, ctx_v, valid)[:, 1:]
-        if cfg.version == 1:
-            propose_argmax(h, head)
-        else:
-            propose_selector(drafter, h, anchor, head, temperature, greedy, uniforms,
-                             all_greedy=True)
+        propose(drafter, h, anchor, head, temperature, greedy, uniforms, all_greedy=True)
 
     return draft

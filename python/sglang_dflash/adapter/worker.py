@@ -4,6 +4,7 @@ One decode step, each line one call (`forward_batch_generation`):
   block    = make_blocks(anchor, prefix_lens)             draft.py
   hidden   = drafter.forward_block(...)                   model.py (our torch drafter)
   proposal = propose_argmax | propose_selector            propose.py (v1 | DFlash 2)
+             (the three lines above on static buffers, CUDA-graph captured: static_draft.py)
   logits   = target TARGET_VERIFY forward over the block  SGLang target worker
   result   = verify_block(drafts, logits, sampling, q)    verify.py (greedy / exact sampling)
   plan     = plan_commit(accept_len, prefix_lens)         draft.py
@@ -55,10 +56,11 @@ from sglang_dflash.adapter.server_args import policy_config
 from sglang_dflash.adapter.tensor_parallel import local_row, tensor_parallel, vocab_head
 from sglang_dflash.adapter.verify_logits import VerifyLogits
 from sglang_dflash.policy import TUNING, SpeculationPolicy
-from sglang_dflash.propose import Proposal, propose_argmax, propose_selector
+from sglang_dflash.propose import Proposal, propose
 from sglang_dflash.ragged import ragged_runs
 from sglang_dflash.randomness import counter_uniforms
 from sglang_dflash.rejection import PAD_TOKEN_ID
+from sglang_dflash.static_draft import DraftInputs, StaticDraftStep, default_buckets, paged_draft_body
 from sglang_dflash.stats import SpecStats, StepClock
 from sglang_dflash.verify import SamplingRows, VerifyUniforms, verify_block
 from sglang_dflash.verify_widths import backend_rule, check_mode_widths, safe_widths
@@ -80,6 +82,7 @@ def _open_trace():
 
 SYNC_CHECK_ENV = "SGLANG_DFLASH_CHECK_SYNCS"
 PAGED_ENV = "SGLANG_DFLASH_PAGED_CONTEXT"
+STATIC_ENV = "SGLANG_DFLASH_STATIC_DRAFT"
 
 
 class _SyncCheck:
@@ -160,6 +163,7 @@ class DFlashWorker(BaseSpecWorker):
         self.paged_context = (ops.backend(self.device) == ops.BACKEND_TRITON
                               or os.environ.get(PAGED_ENV, "0") == "1")
         self._syncs = _SyncCheck(where=check == "where") if check in ("1", "where") else None
+        self.static_draft: StaticDraftStep | None = None  # init_cuda_graphs
         self.policy = self._build_policy()
         self.stats = SpecStats(self.block_size - 1)
         logger.info(
@@ -278,7 +282,41 @@ class DFlashWorker(BaseSpecWorker):
         pass
 
     def init_cuda_graphs(self):
-        pass
+        """The draft step on static buffers (static_draft.py), captured per
+        batch-size bucket where SGLang captures its own decode graphs: on CUDA
+        with the Triton kernels (the paged context), one rank (a collective
+        inside the step would need SGLang's graph-capture communicators), and
+        graphs not disabled; buckets from SGLang's decode graph sizes, clipped
+        to --cuda-graph-max-bs. SGLANG_DFLASH_STATIC_DRAFT=1 forces the static
+        path eagerly (any device), so it is served and tested on CPU."""
+        capture = (str(self.device).startswith("cuda") and self.paged_context
+                   and self.tp is None and _decode_graphs_enabled())
+        if not capture and os.environ.get(STATIC_ENV, "0") != "1":
+            return
+        self.paged_context = True  # the static body reads its context in place
+        max_bs = int(self.req_to_token_pool.req_to_token.shape[0])
+        cfg = get_exec().graph.cuda_graph_config
+        configured = None if cfg is None else getattr(cfg.decode, "bs", None)
+        buckets = default_buckets(max_bs, configured)
+        body = paged_draft_body(self.drafter, self.head, self._embed, self.context.kv.k,
+                                self.context.kv.v, self.req_to_token_pool.req_to_token,
+                                self.mask_token_id, self.block_size)
+        self.static_draft = StaticDraftStep(body, buckets, self.block_size - 1, self.device)
+        if capture:
+            start = time.perf_counter()
+            try:
+                with torch.no_grad():
+                    self.static_draft.capture()
+            except Exception as e:  # serve eagerly rather than not at all; say why
+                logger.warning("sglang-dflash: draft step capture failed (%s: %s); the drafter "
+                               "runs eagerly", type(e).__name__, e)
+                self.static_draft = None
+                return
+            logger.info("sglang-dflash: draft step captured for batch sizes %s in %.1fs",
+                        buckets, time.perf_counter() - start)
+        else:
+            logger.info("sglang-dflash: draft step on static buffers (eager) for batch sizes %s",
+                        buckets)
 
     def __getattr__(self, name):
         if name == "_target_worker":
@@ -379,13 +417,13 @@ class DFlashWorker(BaseSpecWorker):
             context = self.context.gathered(rows, prefix, max_prefix)
             cache_loc = rows.gather(1, positions).to(torch.int64)
         walk_u, verify_u = self._draw_uniforms(batch.reqs, prefix, width)
-        block = make_blocks(anchor, prefix, self.mask_token_id, self.block_size)
-        proposal = self._draft(block, context, sampling, width, walk_u)
+        proposal = self._draft(anchor, prefix, context, sampling, walk_u).first(width)
         verify_ids = torch.cat([anchor.unsqueeze(1), proposal.drafts], dim=1)
         logits_output = self._verify(batch, verify_ids, positions, cache_loc, num_verify)
         self.verify_logits.adjust(batch, logits_output.next_token_logits, verify_ids, grammar_barrier)
         logits = logits_output.next_token_logits.view(bs, num_verify, -1)
-        result = verify_block(proposal.drafts, logits, sampling, proposal.q, verify_u)
+        q = None if sampling is None else proposal.dense_q(self.head.vocab)
+        result = verify_block(proposal.drafts, logits, sampling, q, verify_u)
         if self.tp is not None:
             self.tp.check_same(torch.cat([result.tokens, result.accept_len.unsqueeze(1)], dim=1),
                                "the verified tokens")
@@ -532,6 +570,7 @@ class DFlashWorker(BaseSpecWorker):
             "policy": self.policy.snapshot(),
             **self.stats.snapshot(),
             **({} if self._syncs is None else {"host_syncs": self._syncs.snapshot()}),
+            **({} if self.static_draft is None else {"static_draft": self.static_draft.snapshot()}),
         }
 
     # ---- stages -------------------------------------------------------------------
@@ -566,33 +605,34 @@ class DFlashWorker(BaseSpecWorker):
         accept = u[:, num_drafts : num_drafts + width]
         return walk, VerifyUniforms(accept=accept, sample=u[:, num_drafts + width :])
 
-    def _draft(self, block, context, sampling, width, walk_uniforms) -> Proposal:
-        """Drafts for the first `width` >= 1 positions after the anchor. The
-        drafter always drafts its whole block (its cost barely depends on W)."""
-        return self._draft_block(block, context, sampling, walk_uniforms).first(width)
-
-    def _draft_block(self, block, context: PagedContext | GatheredContext, sampling, uniforms) -> Proposal:
-        """One drafter pass over the block, then the v1 argmax or the v2 selector
-        path. The context is read in place (`PagedContext`) or was copied out and
+    def _draft(self, anchor, prefix, context: PagedContext | GatheredContext, sampling,
+               uniforms) -> Proposal:
+        """One drafter pass over the whole block (its cost barely depends on how
+        many drafts are verified), then the v1 argmax or the v2 selector path:
+        on the static buffers when they serve this batch size, else directly.
+        The context is read in place (`PagedContext`) or was copied out and
         padded (`GatheredContext`)."""
+        bs = anchor.shape[0]
+        if sampling is None:  # all greedy
+            greedy = torch.ones(bs, dtype=torch.bool, device=self.device)
+            temperature = torch.ones(bs, device=self.device)
+        else:
+            greedy, temperature = sampling.greedy, sampling.temperature
+        if self.static_draft is not None:
+            proposal = self.static_draft.run(DraftInputs(
+                anchor, prefix, context.req_pool_indices.to(torch.int64), temperature.float(),
+                greedy, uniforms))
+            if proposal is not None:
+                return proposal
+        block = make_blocks(anchor, prefix, self.mask_token_id, self.block_size)
         embeds = self._embed(block.token_ids)
         if isinstance(context, PagedContext):
             hidden = self.drafter.forward_block_paged(embeds, block.positions, context)[:, 1:]
         else:
             hidden = self.drafter.forward_block(embeds, block.positions, context.k, context.v,
                                                 context.valid)[:, 1:]
-        if self.drafter.cfg.version == 1:
-            return propose_argmax(hidden, self.head)
-        bs = hidden.shape[0]
-        if sampling is None:  # all greedy
-            greedy = torch.ones(bs, dtype=torch.bool, device=self.device)
-            temperature = torch.ones(bs, device=self.device)
-        else:
-            greedy, temperature = sampling.greedy, sampling.temperature
-        return propose_selector(
-            self.drafter, hidden, block.token_ids[:, 0], self.head,
-            temperature, greedy, uniforms, all_greedy=sampling is None,
-        )
+        return propose(self.drafter, hidden, anchor, self.head, temperature, greedy, uniforms,
+                       all_greedy=sampling is None)
 
     def _verify(self, batch, verify_ids, positions, cache_loc, num_verify):
         """Target TARGET_VERIFY forward over [bs, num_verify] rows (raw logits)."""
