@@ -570,6 +570,11 @@ def serve_and_measure(model, mode, paths, env, plan, args, report) -> dict | Non
             report.step(f"cell {name} c{c}", tok_per_s=cell["tok_per_s"])
             log(f"{name} c{c}: {cell['tok_per_s']} tok/s, {cell['requests']} req, "
                 f"accept {cell.get('accept_len')}, errors {len(cell['errors'])}")
+        if mode == "dflash":  # the worker's state: static draft step captured or not, policy
+            info = http_json(server.port, "GET", "/get_server_info", timeout=30)
+            state = (info.get("internal_states") or [{}])[0].get("dflash") or {}
+            result["dflash_state"] = {k: state.get(k) for k in ("static_draft", "policy", "steps")}
+            report.step(f"state {name}", static_draft=state.get("static_draft"))
     except Exception as e:  # noqa: BLE001
         report.error(name, e)
     finally:
