@@ -164,12 +164,15 @@ class StaticDraftStep:
 
 
 def default_buckets(max_bs: int, configured=None) -> list[int]:
-    """Batch-size buckets up to max_bs: the configured list (SGLang's decode
-    graph sizes) clipped to max_bs with max_bs added, or else 1, 2, 4, 8, then
-    multiples of 8 up to 32 and of 16 beyond, as SGLang's default list grows."""
+    """Batch-size buckets for at most max_bs requests. With SGLang's decode
+    graph sizes (`configured`, already cut at --cuda-graph-max-bs): those up to
+    max_bs, plus max_bs itself when some configured size exceeds it (as SGLang's
+    graph runner does). Without: 1, 2, 4, 8, multiples of 8 up to 32 and of 16
+    beyond, and max_bs."""
     if configured:
         sizes = {int(b) for b in configured if 0 < int(b) <= max_bs}
-    else:
-        sizes = {1, 2, 4} | set(range(8, 33, 8)) | set(range(48, max_bs + 1, 16))
-        sizes = {b for b in sizes if b <= max_bs}
-    return sorted(sizes | {max_bs})
+        if any(int(b) > max_bs for b in configured):
+            sizes.add(max_bs)
+        return sorted(sizes)
+    sizes = {1, 2, 4} | set(range(8, 33, 8)) | set(range(48, max_bs + 1, 16))
+    return sorted({b for b in sizes if b <= max_bs} | {max_bs})

@@ -142,5 +142,6 @@ def test_default_buckets():
     assert default_buckets(64) == [1, 2, 4, 8, 16, 24, 32, 48, 64]
     assert default_buckets(70) == [1, 2, 4, 8, 16, 24, 32, 48, 64, 70]
     assert default_buckets(20, [1, 2, 4, 8, 16, 32, 64]) == [1, 2, 4, 8, 16, 20]
+    assert default_buckets(256, [1, 2, 4, 8, 16, 32]) == [1, 2, 4, 8, 16, 32]  # --cuda-graph-max-bs 32
     with pytest.raises(ValueError, match="positive"):
         StaticDraftStep(lambda x: x, [], 3, "cpu")
