@@ -44,6 +44,7 @@ from sglang_dflash.config import DrafterConfig  # noqa: E402
 from sglang_dflash.model import DFlashDrafter, RMSNorm, apply_rope, rope_cos_sin  # noqa: E402
 from sglang_dflash.ops.rejection_ref import chain_rejection_sample_uniforms  # noqa: E402
 from sglang_dflash.rejection import target_probs  # noqa: E402
+from sglang_dflash.static_draft import DraftInputs, StaticDraftStep, paged_draft_body  # noqa: E402
 from sglang_dflash.vocab_head import VocabHead  # noqa: E402
 
 FULL = dict(hidden=4096, inter=12288, heads=32, kv_heads=8, head_dim=128, draft_layers=5,
@@ -313,6 +314,44 @@ def check_graph(step, device, gen, label):
                 cand_ids_equal=ids_equal, tokens_equal=tokens_equal, q_max_err=q_err)
 
 
+def check_static_step(model, lm_head, sizes, device, gen, label):
+    """The serving worker's static draft step (static_draft.py: paged context,
+    per-bucket buffers) captured for buckets 1 / 4 / 8 (CPU: eager), then
+    batches of 3, 8, 1 and 5 requests (ragged contexts, mixed greedy rows)
+    replayed and compared with the same body run eagerly on the unpadded batch."""
+    cfg, block, ctx = model.cfg, sizes["block"], sizes["ctx_len"]
+    rows, slots = 8, 8 * (ctx + block)
+    shape = (cfg.num_hidden_layers, slots + 1, cfg.num_key_value_heads, cfg.head_dim)
+    k = torch.randn(shape, generator=gen, device=device).to(lm_head.dtype)
+    v = torch.randn(shape, generator=gen, device=device).to(lm_head.dtype)
+    req_to_token = torch.randperm(slots, generator=gen, device=device).view(rows, -1).to(torch.int32)
+    table = torch.randn(cfg.vocab_size, cfg.hidden_size, generator=gen, device=device).to(lm_head.dtype)
+    head = VocabHead.whole(lm_head, cfg.vocab_size)
+    body = paged_draft_body(model, head, lambda ids: table[ids], k, v, req_to_token,
+                            cfg.mask_token_id or 0, block)
+    step = StaticDraftStep(body, [1, 4, 8], block - 1, device)
+    token_errs, q_errs = [], []
+    with torch.inference_mode():
+        if device.type == "cuda":
+            step.capture()
+        for bs in (3, 8, 1, 5):
+            greedy = torch.rand(bs, generator=gen, device=device) < 0.5
+            x = DraftInputs(
+                anchor=torch.randint(cfg.vocab_size, (bs,), generator=gen, device=device),
+                prefix=torch.randint(0, ctx + 1, (bs,), generator=gen, device=device),
+                pool_index=torch.randperm(rows, generator=gen, device=device)[:bs],
+                temperature=torch.where(greedy, 1.0, 0.7).float(), greedy=greedy,
+                uniforms=torch.rand(bs, block - 1, generator=gen, device=device))
+            got, want = step.run(x), body(x)
+            token_errs.append(_diff(got.drafts, want.drafts))
+            if want.q_probs is not None:
+                q_errs.append(_diff(got.q_probs, want.q_probs))
+    ok = max(token_errs) == 0 and max(q_errs, default=0.0) <= 1e-5
+    return dict(check=f"static draft step (buckets 1/4/8{', captured' if device.type == 'cuda' else ''}) "
+                      f"== eager: {label}", ok=ok, tokens_differing=max(token_errs),
+                q_max_err=max(q_errs, default=0.0))
+
+
 def _diff(a, b):
     if a.dtype in (torch.int64, torch.int32):
         return int((a != b).sum())
@@ -489,7 +528,8 @@ def main(argv=None):
                                                                      device, dtype)
                 for v in (1, 2)}
     section("graph", lambda: [check_graph(DraftStep(m, target[2], 8, sizes, device, gen), device,
-                                          gen, f"{name} bs=8") for name, m in drafters.items()])
+                                          gen, f"{name} bs=8") for name, m in drafters.items()]
+            + [check_static_step(m, target[2], sizes, device, gen, name) for name, m in drafters.items()])
     section("kernel_timings", lambda: run_kernel_timings(sizes, device, gen))
     section("timings", lambda: run_timings(sizes, device, drafters, target, gen))
     ok = not report["errors"] and all(r["ok"] for r in report["parity"] + report["graph"])
