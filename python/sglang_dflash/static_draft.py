@@ -60,15 +60,17 @@ def paged_draft_body(drafter, head: VocabHead, embed: Callable[[torch.Tensor], t
                      mask_token_id: int, block_size: int) -> Body:
     """The draft step as a function of its inputs alone: the drafter reads its
     context in place from the cache k / v [num_layers, slots, kv_heads, head_dim]
-    through the slot table req_to_token [R, T] (all fixed tensors), and the walk
-    is the general one (greedy rows handled per row; a graph cannot branch on
-    the host's knowledge that a batch is all greedy)."""
+    through the slot table req_to_token [R, T] (all fixed tensors). The walk is
+    the general one (greedy rows handled per row: a graph cannot branch on the
+    host's knowledge that a batch is all greedy) unless the caller, drafting
+    eagerly, passes all_greedy=True for the fast all-greedy walk."""
 
-    def body(x: DraftInputs) -> Proposal:
+    def body(x: DraftInputs, all_greedy: bool = False) -> Proposal:
         block = make_blocks(x.anchor, x.prefix, mask_token_id, block_size)
         context = PagedContext(k, v, req_to_token, x.pool_index, x.prefix)
         hidden = drafter.forward_block_paged(embed(block.token_ids), block.positions, context)[:, 1:]
-        return propose(drafter, hidden, x.anchor, head, x.temperature, x.greedy, x.uniforms)
+        return propose(drafter, hidden, x.anchor, head, x.temperature, x.greedy, x.uniforms,
+                       all_greedy=all_greedy)
 
     return body
 
@@ -80,7 +82,6 @@ class _Bucket:
         def buf(dtype, *shape):
             return torch.empty((size, *shape), dtype=dtype, device=device)
 
-        self.size = size
         self.inputs = DraftInputs(anchor=buf(torch.int64), prefix=buf(torch.int64),
                                   pool_index=buf(torch.int64), temperature=buf(torch.float32),
                                   greedy=buf(torch.bool), uniforms=buf(torch.float32, num_slots))

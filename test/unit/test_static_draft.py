@@ -111,6 +111,9 @@ def test_static_step_drafts_as_the_dynamic_paths(name, bs, seed):
         _assert_same(got, _gathered(env, x, all_greedy=False), exact=False)
         greedy_x = _inputs(env, bs, seed, all_greedy=True)
         _assert_same(step.run(greedy_x), _gathered(env, greedy_x, all_greedy=True), exact=False)
+        # The worker's eager paged path: the same body with the fast all-greedy walk.
+        _assert_same(_body(env)(greedy_x, all_greedy=True), _gathered(env, greedy_x, all_greedy=True),
+                     exact=False)
     assert got.drafts.shape == (bs, env["block"] - 1)
 
 

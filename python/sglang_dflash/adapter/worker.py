@@ -164,6 +164,7 @@ class DFlashWorker(BaseSpecWorker):
                               or os.environ.get(PAGED_ENV, "0") == "1")
         self._syncs = _SyncCheck(where=check == "where") if check in ("1", "where") else None
         self.static_draft: StaticDraftStep | None = None  # init_cuda_graphs
+        self._body = None  # the paged draft step (_paged_body)
         self.policy = self._build_policy()
         self.stats = SpecStats(self.block_size - 1)
         logger.info(
@@ -298,10 +299,8 @@ class DFlashWorker(BaseSpecWorker):
         cfg = get_exec().graph.cuda_graph_config
         configured = None if cfg is None else getattr(cfg.decode, "bs", None)
         buckets = default_buckets(max_bs, configured)
-        body = paged_draft_body(self.drafter, self.head, self._embed, self.context.kv.k,
-                                self.context.kv.v, self.req_to_token_pool.req_to_token,
-                                self.mask_token_id, self.block_size)
-        self.static_draft = StaticDraftStep(body, buckets, self.block_size - 1, self.device)
+        self.static_draft = StaticDraftStep(self._paged_body(), buckets, self.block_size - 1,
+                                            self.device)
         if capture:
             start = time.perf_counter()
             try:
@@ -317,6 +316,15 @@ class DFlashWorker(BaseSpecWorker):
         else:
             logger.info("sglang-dflash: draft step on static buffers (eager) for batch sizes %s",
                         buckets)
+
+    def _paged_body(self):
+        """The draft step reading its context in place (static_draft.py), built
+        once the pools exist: served eagerly, or captured per bucket."""
+        if self._body is None:
+            self._body = paged_draft_body(self.drafter, self.head, self._embed, self.context.kv.k,
+                                          self.context.kv.v, self.req_to_token_pool.req_to_token,
+                                          self.mask_token_id, self.block_size)
+        return self._body
 
     def __getattr__(self, name):
         if name == "_target_worker":
@@ -618,19 +626,17 @@ class DFlashWorker(BaseSpecWorker):
             temperature = torch.ones(bs, device=self.device)
         else:
             greedy, temperature = sampling.greedy, sampling.temperature
-        if self.static_draft is not None:
-            proposal = self.static_draft.run(DraftInputs(
-                anchor, prefix, context.req_pool_indices.to(torch.int64), temperature.float(),
-                greedy, uniforms))
-            if proposal is not None:
-                return proposal
-        block = make_blocks(anchor, prefix, self.mask_token_id, self.block_size)
-        embeds = self._embed(block.token_ids)
         if isinstance(context, PagedContext):
-            hidden = self.drafter.forward_block_paged(embeds, block.positions, context)[:, 1:]
-        else:
-            hidden = self.drafter.forward_block(embeds, block.positions, context.k, context.v,
-                                                context.valid)[:, 1:]
+            inputs = DraftInputs(anchor, prefix, context.req_pool_indices.to(torch.int64),
+                                 temperature.float(), greedy, uniforms)
+            if self.static_draft is not None:
+                proposal = self.static_draft.run(inputs)
+                if proposal is not None:
+                    return proposal
+            return self._paged_body()(inputs, all_greedy=sampling is None)
+        block = make_blocks(anchor, prefix, self.mask_token_id, self.block_size)
+        hidden = self.drafter.forward_block(self._embed(block.token_ids), block.positions,
+                                            context.k, context.v, context.valid)[:, 1:]
         return propose(self.drafter, hidden, anchor, self.head, temperature, greedy, uniforms,
                        all_greedy=sampling is None)
 
