@@ -65,6 +65,8 @@ class OutputCounts:
 def _first_occurrence(drafts: torch.Tensor) -> torch.Tensor:
     """[bs, S] int64: index of the first draft equal to each draft (itself if first)."""
     num = drafts.shape[1]
+    if num == 0:  # a one-row verify (speculation off): no drafts to look back on
+        return drafts
     same = drafts.unsqueeze(2) == drafts.unsqueeze(1)  # [bs, S, S]: d_j == d_i
     earlier = torch.ones(num, num, dtype=torch.bool, device=drafts.device).tril()  # i <= j
     idx = torch.arange(num, device=drafts.device).expand(num, num)

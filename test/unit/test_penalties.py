@@ -33,10 +33,11 @@ def reference(logits, drafts, counts, lengths, params):
     return out
 
 
+@pytest.mark.parametrize("rows", [6, 1], ids=["block", "one-row"])  # one row: speculation off
 @pytest.mark.parametrize("seed", range(6))
-def test_block_penalties_match_plain_decoding_row_by_row(seed):
+def test_block_penalties_match_plain_decoding_row_by_row(seed, rows):
     g = torch.Generator().manual_seed(seed)
-    bs, rows, vocab = 5, 6, 12  # a small vocabulary: drafts repeat and hit counted tokens
+    bs, vocab = 5, 12  # a small vocabulary: drafts repeat and hit counted tokens
     logits = torch.randn(bs, rows, vocab, generator=g) * 3
     drafts = torch.randint(0, vocab, (bs, rows - 1), generator=g)
     counts = torch.randint(0, 3, (bs, vocab), generator=g).float() * (torch.rand(bs, vocab, generator=g) < 0.3)
