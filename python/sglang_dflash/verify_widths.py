@@ -1,24 +1,31 @@
 """Which verify widths each SGLang 0.5.23 attention backend handles.
 
-The adaptive policy verifies W+1 <= B rows per request (W = 0: one row, no
-drafts). A backend that builds its TARGET_VERIFY metadata (query offsets, KV
-lengths, masks) from the server-wide draft token count B instead of the
-batch's own `draft_token_num` reads the wrong rows at any narrower width: not
-a slowdown, wrong output. So the worker restricts the policy's widths to what
-the backend handles (`safe_widths`), and refuses a backend with no verify
-path at all. Read from SGLang 0.5.23's sources (paths relative to
-`sglang/srt/`); the rule per backend:
+The adaptive policy verifies W+1 <= B rows per request for W > 0, and runs
+W = 0 (speculation off) as plain decoding: the target's DECODE forward, one
+token per request, whose attention metadata every backend builds from the
+batch itself (seq_lens, req_pool_indices) when the batch carries no
+spec_info. A backend that builds its TARGET_VERIFY metadata (query offsets,
+KV lengths, masks) from the server-wide draft token count B instead of the
+batch's own `draft_token_num` reads the wrong rows at any narrower verify
+width: not a slowdown, wrong output. So the worker restricts the policy's
+widths to what the backend handles (`safe_widths`), and refuses a backend
+with no verify path at all. Read from SGLang 0.5.23's sources (paths relative
+to `sglang/srt/`); the rule per backend:
 
-* ANY - every width 1..B: metadata from the batch's `spec_info.draft_token_num`.
-* FULL_OR_ONE - the full block, and one-row verify (no mask is used at q_len 1).
-* FULL - the full block only; W = 0 is not available (speculation stays on).
+* ANY - every width 0..B-1: verify metadata from the batch's
+  `spec_info.draft_token_num`.
+* FULL - the full block and W = 0 (DECODE, per-batch metadata).
+* FULL_ONLY - the full block only (speculation stays on): a DECODE step
+  between verifies is not known to be lossless there.
 * NONE - no TARGET_VERIFY path usable by a DFLASH chain: refused at start-up.
 
 CUDA graphs: SGLang captures TARGET_VERIFY only at the full block
 (`model_executor/runner/decode_cuda_graph_runner.py`, `can_run_graph` refuses
 other widths), so with graphs a narrower verify runs eager and loses the
-graph. With graphs on, widths are limited to the full block and W = 0 (an
-eager one-row verify; the target's DECODE graph is not used for it yet).
+graph. With graphs on, widths are limited to the full block and W = 0. The
+W = 0 DECODE step itself runs eagerly (the worker holds the decode graph
+runner back for it: its graphs are TARGET_VERIFY graphs), so an off step
+costs one eager decode forward.
 
 Imports the stdlib only.
 """
@@ -30,17 +37,19 @@ from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
-ANY, FULL_OR_ONE, FULL, NONE = "any", "full_or_one", "full", "none"
+ANY, FULL, FULL_ONLY, NONE = "any", "full", "full_only", "none"
 
 
 @dataclass(frozen=True)
 class BackendRule:
-    rule: str  # ANY | FULL_OR_ONE | FULL | NONE
-    why: str  # where the verify token count comes from (file:line in SGLang 0.5.23)
+    rule: str  # ANY | FULL | FULL_ONLY | NONE
+    why: str  # where the verify token count comes from (file:line in SGLang 0.5.23), and
+    # for FULL where the DECODE path takes its metadata from the batch
 
 
 _PER_BATCH = "TARGET_VERIFY metadata from spec_info.draft_token_num"
 _SERVER_WIDE = "TARGET_VERIFY metadata sized from the server-wide speculative_num_draft_tokens"
+_DECODE = "DECODE metadata from the batch's seq_lens when spec_info is None"
 
 BACKENDS: dict[str, BackendRule] = {
     "triton": BackendRule(ANY, f"{_PER_BATCH} (layers/attention/triton_backend.py:586-590, 1009)"),
@@ -52,21 +61,31 @@ BACKENDS: dict[str, BackendRule] = {
                                      "spec_info.draft_token_num (adapter/attention.py)"),
     "intel_xpu": BackendRule(ANY, f"{_PER_BATCH} (layers/attention/xpu_backend.py:453)"),
     "qsa": BackendRule(ANY, f"{_PER_BATCH} (layers/attention/qwen_sparse_attn_backend.py:397)"),
-    "trtllm_mha": BackendRule(FULL_OR_ONE, "lengths per batch, but on SM90/SM120 the XQA "
-                                           "spec-decoding mask is built for B rows per request "
-                                           "(layers/attention/trtllm_mha_backend.py:417-427) and "
-                                           "offset by W+1 rows in the kernel"),
-    "fa3": BackendRule(FULL, f"{_SERVER_WIDE} (layers/attention/flashattention_backend.py:1058-1070)"),
-    "fa4": BackendRule(FULL, f"{_SERVER_WIDE} (layers/attention/flashattention_backend.py:1058-1070)"),
-    "flashmla": BackendRule(FULL, f"{_SERVER_WIDE} (layers/attention/flashmla_backend.py:102, 200)"),
-    "trtllm_mla": BackendRule(FULL, f"{_SERVER_WIDE} (layers/attention/trtllm_mla_backend.py:298, 841)"),
-    "cutedsl_mla": BackendRule(FULL, "inherits trtllm_mla's TARGET_VERIFY metadata"),
+    "trtllm_mha": BackendRule(FULL, "lengths per batch, but on SM90/SM120 the XQA spec-decoding "
+                                    "mask is built for B rows per request "
+                                    "(layers/attention/trtllm_mha_backend.py:417-427) and offset by "
+                                    f"W+1 rows in the kernel; {_DECODE} (:1262-1269)"),
+    "fa3": BackendRule(FULL, f"{_SERVER_WIDE} (layers/attention/flashattention_backend.py:1058-1070); "
+                             f"{_DECODE} (:908-1033)"),
+    "fa4": BackendRule(FULL, f"{_SERVER_WIDE} (layers/attention/flashattention_backend.py:1058-1070); "
+                             f"{_DECODE} (:908-1033)"),
+    "flashmla": BackendRule(FULL, f"{_SERVER_WIDE} (layers/attention/flashmla_backend.py:102, 200); "
+                                  f"{_DECODE} (:168-196)"),
+    "trtllm_mla": BackendRule(FULL, f"{_SERVER_WIDE} (layers/attention/trtllm_mla_backend.py:298, "
+                                    f"841); {_DECODE} (:847-851)"),
+    "cutedsl_mla": BackendRule(FULL, "inherits trtllm_mla's TARGET_VERIFY and DECODE metadata "
+                                     "(layers/attention/cutedsl_mla_backend.py:176-183)"),
     "tokenspeed_mla": BackendRule(FULL, "alias of cutedsl_mla"),
-    "dsa": BackendRule(FULL, f"{_SERVER_WIDE} (layers/attention/dsa_backend.py:1100-1101)"),
+    "dsa": BackendRule(FULL, f"{_SERVER_WIDE} (layers/attention/dsa_backend.py:1100-1101); "
+                             f"{_DECODE} (:1163-1167)"),
     "nsa": BackendRule(FULL, "alias of dsa"),
-    "dsv4": BackendRule(FULL, f"{_SERVER_WIDE} (layers/attention/deepseek_v4_backend.py:2171-2176)"),
-    "compressed": BackendRule(FULL, "alias of dsv4"),
-    "ascend": BackendRule(FULL, f"{_SERVER_WIDE} (hardware_backend/npu/attention/ascend_backend.py:1501)"),
+    "dsv4": BackendRule(FULL_ONLY, f"{_SERVER_WIDE} (layers/attention/deepseek_v4_backend.py:"
+                                   "2171-2176); with online c128 compression a DECODE step commits "
+                                   "the previous verify by its length difference "
+                                   "(layers/attention/dsv4/online_c128_mtp.py:94-113)"),
+    "compressed": BackendRule(FULL_ONLY, "alias of dsv4"),
+    "ascend": BackendRule(FULL_ONLY, f"{_SERVER_WIDE} (hardware_backend/npu/attention/"
+                                     "ascend_backend.py:1501); its DECODE path not read"),
     "aiter": BackendRule(ANY, f"ROCm; eager {_PER_BATCH} (layers/attention/aiter_backend.py:2300, "
                               "2450); its graphs, like every backend's, are full-block only"),
     "flex_attention": BackendRule(NONE, "reads extend_seq_lens, which TARGET_VERIFY batches leave "
@@ -86,9 +105,9 @@ class UnsupportedBackend(ValueError):
 
 
 def backend_rule(backend: str) -> BackendRule:
-    """The rule of a backend name; an unknown name gets the conservative FULL."""
-    return BACKENDS.get(backend, BackendRule(FULL, f"{backend!r} is not in the table: "
-                                                   "assumed to size verify from the full block"))
+    """The rule of a backend name; an unknown name gets the conservative FULL_ONLY."""
+    return BACKENDS.get(backend, BackendRule(FULL_ONLY, f"{backend!r} is not in the table: "
+                                                        "assumed to size verify from the full block"))
 
 
 def safe_widths(backend: str, block_size: int, *, cuda_graphs: bool = False) -> tuple[int, ...]:
@@ -105,9 +124,9 @@ def safe_widths(backend: str, block_size: int, *, cuda_graphs: bool = False) -> 
         raise UnsupportedBackend(
             f"sglang-dflash: attention backend {backend!r} cannot run DFLASH verification: "
             f"{rule.why}; use triton, flashinfer or torch_native")
-    if rule.rule == FULL:
+    if rule.rule == FULL_ONLY:
         return (top,)
-    widths = (0, top) if rule.rule == FULL_OR_ONE or cuda_graphs else tuple(range(top + 1))
+    widths = (0, top) if rule.rule == FULL or cuda_graphs else tuple(range(top + 1))
     return tuple(sorted(set(widths)))
 
 
@@ -121,9 +140,9 @@ def check_mode_widths(cfg, widths: tuple[int, ...]) -> None:
     """
     if cfg.mode == "off" and 0 not in widths:
         raise UnsupportedBackend(
-            f"sglang-dflash: policy mode 'off' needs one-row verification, which this attention "
-            f"backend does not do (verify widths {list(widths)}); use triton, flashinfer or "
-            "torch_native, or serve without --speculative-algorithm")
+            f"sglang-dflash: policy mode 'off' needs W = 0 steps, which this attention backend "
+            f"is not known to take losslessly (verify widths {list(widths)}); use triton, "
+            "flashinfer or torch_native, or serve without --speculative-algorithm")
     if cfg.mode == "fixed" and cfg.fixed_width not in widths:
         raise UnsupportedBackend(
             f"sglang-dflash: fixed_width = {cfg.fixed_width} is not a verify width this attention "

@@ -292,3 +292,43 @@ def test_return_hidden_states_is_refused_and_server_keeps_serving(servers):
         "text": EGGS, "sampling_params": {"max_new_tokens": 8}, "return_hidden_states": True}, timeout=120)
     assert r.status_code == 400 and "return_hidden_states" in r.text, (r.status_code, r.text)
     assert _gen(dflash, EGGS)["output_ids"] == _gen(plain, EGGS)["output_ids"]
+
+
+def test_off_path_request_features_equal_plain(servers, monkeypatch):
+    """Speculation off (every decode step W = 0: the target's DECODE forward,
+    what the adaptive policy runs under load): penalties, grammar, logit bias,
+    a custom logit processor, logprobs and sampling masks, concurrently in one
+    batch, each equal to plain's answer."""
+    plain, _ = servers
+    monkeypatch.setenv("SGLANG_DFLASH_POLICY", '{"mode": "off"}')
+    off = _serve(spec=True)
+    try:
+        base = _gen(plain, EGGS)["output_ids"]
+        requests_ = [
+            dict(text=PROMPTS[0], return_logprob=True, top_logprobs_num=2, return_sampling_mask=True),
+            dict(text=PROMPTS[1], repetition_penalty=1.3),
+            dict(text=PROMPTS[2], frequency_penalty=0.7, min_new_tokens=30),
+            dict(text=PROMPTS[0], regex=r"(yes|no), [a-z]+ [0-9]{1,3}\."),
+            dict(text=EGGS, logit_bias={str(base[3]): -100.0, str(base[6]): 5.0}),
+            dict(text=EGGS, custom_logit_processor=_disallowed_tokens_processor(),
+                 custom_params={"token_ids": [base[2], base[5]]}),
+        ]
+
+        def run(server, req):
+            req = dict(req)
+            return _gen(server, req.pop("text"), **req)
+
+        with ThreadPoolExecutor(len(requests_)) as pool:
+            got = list(pool.map(lambda r: run(off, r), requests_))
+        want = [run(plain, r) for r in requests_]
+        for g, w, r in zip(got, want, requests_):
+            assert g["output_ids"] == w["output_ids"], r
+        g, w = got[0]["meta_info"], want[0]["meta_info"]
+        assert _close([v for v, *_ in g["output_token_logprobs"]], [v for v, *_ in w["output_token_logprobs"]])
+        assert [[t for _, t, *_ in x] for x in g["output_top_logprobs"]] == \
+            [[t for _, t, *_ in x] for x in w["output_top_logprobs"]]
+        assert g["output_token_sampling_mask"] == w["output_token_sampling_mask"]
+        state = requests.get(off.url + "/get_server_info", timeout=60).json()["internal_states"][0]["dflash"]
+        assert state["steps_by_width"][0] == state["steps"] > 0, state  # every decode step ran W = 0
+    finally:
+        off.stop()

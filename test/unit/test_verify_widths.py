@@ -19,9 +19,10 @@ EVERY = tuple(range(B))
 EXPECTED = {
     "triton": EVERY, "flashinfer": EVERY, "llada2_cfg_flashinfer": EVERY, "torch_native": EVERY,
     "intel_xpu": EVERY, "qsa": EVERY, "aiter": EVERY,
-    "trtllm_mha": (0, B - 1),
-    "fa3": (B - 1,), "fa4": (B - 1,), "flashmla": (B - 1,), "trtllm_mla": (B - 1,),
-    "cutedsl_mla": (B - 1,), "tokenspeed_mla": (B - 1,), "dsa": (B - 1,), "nsa": (B - 1,),
+    # The full block, and W = 0 through the target's DECODE forward.
+    "trtllm_mha": (0, B - 1), "fa3": (0, B - 1), "fa4": (0, B - 1), "flashmla": (0, B - 1),
+    "trtllm_mla": (0, B - 1), "cutedsl_mla": (0, B - 1), "tokenspeed_mla": (0, B - 1),
+    "dsa": (0, B - 1), "nsa": (0, B - 1),
     "dsv4": (B - 1,), "compressed": (B - 1,), "ascend": (B - 1,),
     "flex_attention": None, "wave": None, "hpc_ops": None, "intel_amx": None,
     "minicpm_flashattn": None, "minicpm_flashinfer": None,
@@ -49,7 +50,7 @@ def test_unknown_backend_is_full_block_only():
 
 
 @pytest.mark.parametrize("mode, extra, widths, needle", [
-    ("off", {}, (B - 1,), "policy mode 'off' needs one-row verification"),
+    ("off", {}, (B - 1,), "policy mode 'off' needs W = 0 steps"),
     ("fixed", {"fixed_width": 3}, (0, B - 1), "fixed_width = 3 is not a verify width"),
 ])
 def test_modes_the_widths_cannot_serve_are_refused(mode, extra, widths, needle):

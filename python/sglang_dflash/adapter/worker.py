@@ -35,7 +35,7 @@ from collections import deque
 
 import torch
 from sglang.srt.managers.utils import GenerationBatchResult
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from sglang.srt.runtime_context import attention_backends, get_exec, get_schedule, get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
@@ -455,16 +455,15 @@ class DFlashWorker(BaseSpecWorker):
 
     def _decode_off(self, batch, draft_input, on_publish, anchor, prefix, sampling,
                     grammar_barrier=None):
-        """Speculation off (W = 0): a plain decode step through the verify path,
-        one row per request, without the block, the drafter, the walk's draws or
-        a commit plan (every request commits exactly its anchor). At a few
-        requests a step lasts ~3 ms on a CPU host and each small torch op ~10 us,
-        so this path keeps its op count low: the general path's accept, plan
-        and bonus bookkeeping at W = 0 cost ~0.23 ms per step (py-spy, batch 1)."""
+        """Speculation off (W = 0): a plain decode step, the target's DECODE
+        forward (`_target_decode`), without the block, the drafter, the walk's
+        draws or a commit plan (every request commits exactly its anchor). Its
+        op count is kept low: at a few requests a CPU step lasts a few ms and
+        each small torch op costs tens of us, so the general path's accept,
+        plan and bonus bookkeeping would be a visible share of an off step."""
         bs = len(prefix)
-        positions = prefix.unsqueeze(1)  # [bs, 1] the anchor's position
-        cache_loc = self._token_slots(batch.req_pool_indices, positions)  # [bs, 1]
-        logits_output = self._verify(batch, anchor.unsqueeze(1), positions, cache_loc, 1)
+        cache_loc = self._token_slots(batch.req_pool_indices, prefix.unsqueeze(1))  # [bs, 1]
+        logits_output = self._target_decode(batch, anchor, cache_loc[:, 0])
         self.verify_logits.adjust(batch, logits_output.next_token_logits, anchor.unsqueeze(1), grammar_barrier)
         logits = logits_output.next_token_logits  # [bs, V]
         if sampling is None:
@@ -488,6 +487,43 @@ class DFlashWorker(BaseSpecWorker):
         logits_output.hidden_states = None
         self._pending_steps.append((0, bs, self.policy.steps - 1))
         return self._step_result(logits_output, bonus.unsqueeze(1), bonus, None, new_seq_lens)
+
+    def _target_decode(self, batch, anchor, cache_loc):
+        """Plain decoding's target forward (ForwardMode.DECODE) of one token per
+        request, its hidden states captured for the drafter: anchors [bs] at
+        their positions (the committed lengths), written to cache_loc [bs].
+
+        DECODE metadata comes from the batch on every attention backend,
+        including those that size TARGET_VERIFY from the server-wide block
+        (verify_widths.py), so W = 0 is lossless everywhere. It runs eagerly:
+        in a DFLASH server SGLang's decode graph runner holds TARGET_VERIFY
+        graphs, and its `can_run_graph` would accept this DECODE batch (no
+        spec_info) and replay a verify graph over it, so the runner is held
+        back for this call."""
+        runner = self.model_runner
+        saved = (batch.input_ids, batch.spec_info, batch.forward_mode, batch.out_cache_loc,
+                 batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum)
+        bs = len(anchor)
+        batch.input_ids, batch.spec_info, batch.forward_mode = anchor, None, ForwardMode.DECODE
+        batch.out_cache_loc = cache_loc
+        # DECODE lengths count the new token (positions are seq_lens - 1).
+        batch.seq_lens = batch.seq_lens + 1
+        if saved[5] is not None:
+            batch.seq_lens_cpu = saved[5] + 1
+            batch.seq_lens_sum = int(saved[6]) + bs
+        graphs = runner.decode_cuda_graph_runner
+        try:
+            with self._syncs.paused() if self._syncs is not None else contextlib.nullcontext():
+                forward_batch = ForwardBatch.init_new(batch, runner,
+                                                      capture_hidden_mode=CaptureHiddenMode.FULL,
+                                                      return_hidden_states_before_norm=False)
+                runner.decode_cuda_graph_runner = None
+                out = runner.forward(forward_batch)
+        finally:
+            runner.decode_cuda_graph_runner = graphs
+            (batch.input_ids, batch.spec_info, batch.forward_mode, batch.out_cache_loc,
+             batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum) = saved
+        return out.logits_output
 
     def _step_result(self, logits_output, tokens, bonus, commit_lens, new_seq_lens) -> GenerationBatchResult:
         """The scheduler's view of a decode step: tokens [bs, W+1] (PAD after each
