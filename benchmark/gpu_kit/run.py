@@ -23,7 +23,10 @@ step, so a run cut off by its limit still returns what it finished):
    closed-loop timing at concurrency 1 / 8 / 32 (fixed output lengths,
    ignore_eos), then stop. If a server fails to start with CUDA graphs, it is
    retried once with --disable-cuda-graph.
-5. greedy identity (plain vs DFLASH outputs per prompt) and a table.
+5. last, if time remains: the demo pair's DFLASH server with speculation off
+   (every decode step the target's DECODE forward, run eagerly beside
+   SGLang's captured verify graphs), greedy outputs only.
+6. greedy identity (plain vs each DFLASH server, per prompt) and a table.
 
 Writes kit.json, kit.md, servers.log (each server's log tail) and
 sgl_kernel.log (the sgl_kernel names SGLang asked the overlay for) to $OUT
@@ -499,7 +502,7 @@ def server_args(model: str, mode: str, paths: dict, dry: bool, cuda_graph: bool)
                  "--dtype", "float32" if model == "demo" else "bfloat16"]
         if not cuda_graph:
             args += ["--disable-cuda-graph"]
-    if mode == "dflash":
+    if mode.startswith("dflash"):
         args += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drafter]
     return args
 
@@ -515,11 +518,15 @@ def prompts_for(model: str, n: int) -> list:
 
 
 def serve_and_measure(model, mode, paths, env, plan, args, report) -> dict | None:
-    """One server: start (CUDA graphs, then without on failure), identity, cells."""
+    """One server: start (CUDA graphs, then without on failure), identity, cells.
+    Mode dflash-off (speculation off: every decode step the target's DECODE
+    forward beside the verify graphs) checks identity only."""
     name = f"{model}-{mode}"
     senv = dict(env)
     if mode == "dflash" and model == "big" and args.big_policy:
         senv["SGLANG_DFLASH_POLICY"] = args.big_policy
+    if mode == "dflash-off":
+        senv["SGLANG_DFLASH_POLICY"] = '{"mode": "off"}'
     attempts = [True, False] if not args.dry_run else [True]
     server, started = None, None
     for cuda_graph in attempts:
@@ -553,7 +560,7 @@ def serve_and_measure(model, mode, paths, env, plan, args, report) -> dict | Non
         result["identity_outputs"] = run_identity(server.port, prompts[:plan["identity_prompts"]],
                                                   plan["identity_tokens"], plan["request_timeout"])
         report.step(f"identity {name}", s=round(time.time() - t, 1))
-        for c in plan["concurrency"]:
+        for c in plan["concurrency"] if mode != "dflash-off" else ():
             remaining = args.budget_s - (time.time() - T0)
             if remaining < 45:
                 report.error(f"{name} c{c}", "skipped: time budget")
@@ -570,7 +577,7 @@ def serve_and_measure(model, mode, paths, env, plan, args, report) -> dict | Non
             report.step(f"cell {name} c{c}", tok_per_s=cell["tok_per_s"])
             log(f"{name} c{c}: {cell['tok_per_s']} tok/s, {cell['requests']} req, "
                 f"accept {cell.get('accept_len')}, errors {len(cell['errors'])}")
-        if mode == "dflash":  # the worker's state: static draft step captured or not, policy
+        if mode.startswith("dflash"):  # the worker's state: static draft step captured or not, policy
             info = http_json(server.port, "GET", "/get_server_info", timeout=30)
             state = (info.get("internal_states") or [{}])[0].get("dflash") or {}
             result["dflash_state"] = {k: state.get(k) for k in ("static_draft", "policy", "steps")}
@@ -592,8 +599,8 @@ def _append_log(args, server: Server) -> None:
 
 def compare(results: dict, report: Report) -> bool:
     ok = True
-    for model in ("demo", "big"):
-        plain, spec = results.get((model, "plain")), results.get((model, "dflash"))
+    for model, mode in (("demo", "dflash"), ("big", "dflash"), ("demo", "dflash-off")):
+        plain, spec = results.get((model, "plain")), results.get((model, mode))
         if not plain or not spec or "identity_outputs" not in plain or "identity_outputs" not in spec:
             continue
         rows = []
@@ -604,8 +611,9 @@ def compare(results: dict, report: Report) -> bool:
             rows.append({"prompt": i, "identical": first is None, "first_diff": first,
                          "len": [len(a), len(b)]})
         same = all(r["identical"] for r in rows)
-        report.data["identity"].append({"model": model, "identical": same, "prompts": rows})
-        log(f"greedy identity {model}: {'IDENTICAL' if same else 'DIFFERENT'} "
+        report.data["identity"].append({"model": model, "mode": mode, "identical": same,
+                                        "prompts": rows})
+        log(f"greedy identity {model} {mode}: {'IDENTICAL' if same else 'DIFFERENT'} "
             f"({sum(r['identical'] for r in rows)}/{len(rows)} prompts)")
         if model == "demo" and not same:
             ok = False
@@ -633,7 +641,7 @@ def write_markdown(report: Report) -> str:
                          f"{(s or {}).get('accept_len', '-')} |")
     lines += [""]
     for ident in d["identity"]:
-        lines.append(f"greedy identity {ident['model']}: {ident['identical']} "
+        lines.append(f"greedy identity {ident['model']} {ident['mode']}: {ident['identical']} "
                      f"({sum(r['identical'] for r in ident['prompts'])}/{len(ident['prompts'])})")
     if d["errors"]:
         lines += ["", "errors:"] + [f"- {e['where']}: {e['error'].strip().splitlines()[-1][:300]}"
@@ -712,6 +720,12 @@ def main(argv=None) -> int:
                 results[(model, mode)] = r
                 report.data.setdefault("runs", []).append(
                     {k: v for k, v in r.items() if k != "identity_outputs"})
+        if "demo" in models:  # last: identity of the off path, if time remains
+            r = serve_and_measure("demo", "dflash-off", paths, env, plan, args, report)
+            if r is None:
+                failed = True
+            else:
+                results[("demo", "dflash-off")] = r
         if not compare(results, report):
             failed = True
         expected = {(m, md, c) for m in models for md in ("plain", "dflash") for c in plan["concurrency"]}
