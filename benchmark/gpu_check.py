@@ -142,6 +142,7 @@ def chain_inputs(gen, device, bs, slots, vocab, k=16):
     logits = torch.randn(bs, slots + 1, vocab, generator=gen, device=device) * 2.0
     n = bs * (slots + 1)
     top_k = torch.where(torch.rand(n, generator=gen, device=device) < 0.5, 8, 1 << 30)
+    top_k.view(bs, slots + 1)[0] = 8  # the q = p row: p within the k candidates
     p = target_probs(logits.view(n, vocab), torch.full((n,), 0.8, device=device),
                      torch.full((n,), 0.95, device=device), top_k.long(),
                      torch.zeros(n, device=device)).view(bs, slots + 1, vocab)
@@ -151,9 +152,10 @@ def chain_inputs(gen, device, bs, slots, vocab, k=16):
     q = torch.softmax(draft.masked_fill(outside, float("-inf")), dim=-1)
     q[0] = p[0, :slots]  # all accepted when u = 0: the bonus path
     drafts = torch.multinomial(q.reshape(-1, vocab), 1, generator=gen).view(bs, slots)
+    q_probs, q_ids = torch.topk(q, min(k, vocab), dim=-1)  # sparse, as the walk gives it
     accept_u = torch.rand(bs, slots, generator=gen, device=device)
     accept_u[0] = 0.0
-    return drafts, q, p, accept_u, torch.rand(bs, slots + 1, generator=gen, device=device)
+    return drafts, q_ids, q_probs, p, accept_u, torch.rand(bs, slots + 1, generator=gen, device=device)
 
 
 def parity_walk(gen, device, bs, nonfinite):

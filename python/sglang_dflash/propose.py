@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from sglang_dflash.ops import selector_walk
-from sglang_dflash.select import dense_q, lattice_scores
+from sglang_dflash.select import lattice_scores
 from sglang_dflash.vocab_head import VocabHead
 
 
@@ -35,12 +35,6 @@ class Proposal:
         """The proposal of the first `n` requests (views, no copy)."""
         cut = lambda t: None if t is None else t[:n]  # noqa: E731
         return Proposal(self.drafts[:n], cut(self.q_probs), cut(self.q_ids))
-
-    def dense_q(self, vocab: int) -> Optional[torch.Tensor]:
-        """[bs, S, V] float32 q over the whole vocabulary for the verifier (zero
-        outside the candidates), or None for a deterministic draft. Built only
-        for batches with sampled rows: a greedy verify never reads q."""
-        return None if self.q_probs is None else dense_q(self.q_probs, self.q_ids, vocab)
 
 
 def propose(drafter, hidden: torch.Tensor, anchor: torch.Tensor, head: VocabHead,

@@ -137,7 +137,7 @@ def chain_rejection_sample(
     q_draft = torch.gather(q, -1, drafts).squeeze(-1)  # [bs, S]
     accepted = uniforms.float() * q_draft < p_draft  # [bs, S]
     accept_len = _leading_true(accepted)
-    emit_from = _emit_distribution(q, p, accept_len)  # [bs, V]
+    emit_from = _emit_distribution(_dense_q_row(q, accept_len), p, accept_len)  # [bs, V]
     emitted = torch.multinomial(emit_from, 1, generator=generator).squeeze(-1)
     return AcceptResult(accept_len, _assemble_tokens(draft_tokens, accept_len, emitted))
 
@@ -193,29 +193,58 @@ def _leading_true(flags: torch.Tensor) -> torch.Tensor:
     return torch.cumprod(flags.long(), dim=1).sum(dim=1)
 
 
-def _emit_distribution(q: torch.Tensor, p: torch.Tensor, accept_len: torch.Tensor) -> torch.Tensor:
+def _dense_q_row(q: torch.Tensor, accept_len: torch.Tensor) -> Optional[torch.Tensor]:
+    """q [bs, S, V] at each request's first rejection -> [bs, V] (zero after S
+    accepts), or None when S = 0."""
+    bs, num_slots, _ = q.shape
+    if num_slots == 0:
+        return None
+    batch = torch.arange(bs, device=q.device)
+    q_row = q[batch, accept_len.clamp(max=num_slots - 1)].float()
+    return torch.where((accept_len < num_slots).unsqueeze(-1), q_row, torch.zeros_like(q_row))
+
+
+def sparse_q_row(q_ids: torch.Tensor, q_probs: torch.Tensor, accept_len: torch.Tensor,
+                 vocab: int) -> Optional[torch.Tensor]:
+    """A sparse q (K candidates per slot) at each request's first rejection,
+    scattered over the vocabulary: [bs, V] (zero after S accepts), or None
+    when S = 0. One row per request, not the [bs, S, V] of a dense q.
+
+    Args:
+        q_ids: [bs, S, K] int64 candidate ids; q_probs: [bs, S, K] float32.
+        accept_len: [bs] int64 in [0, S].
+    """
+    bs, num_slots, _ = q_ids.shape
+    if num_slots == 0:
+        return None
+    batch = torch.arange(bs, device=q_ids.device)
+    row = accept_len.clamp(max=num_slots - 1)
+    probs = torch.where((accept_len < num_slots).unsqueeze(-1), q_probs[batch, row].float(), 0.0)
+    out = torch.zeros(bs, vocab, dtype=torch.float32, device=q_ids.device)
+    return out.scatter_add_(1, q_ids[batch, row].long(), probs)
+
+
+def _emit_distribution(q_row: Optional[torch.Tensor], p: torch.Tensor,
+                       accept_len: torch.Tensor) -> torch.Tensor:
     """Unnormalized distribution of the token emitted after the accepted prefix.
 
     Row b is max(0, p_i - q_i) at i = accept_len[b] < S (first rejection), or
-    p_S when every draft was accepted (q is zero there). Falls back to p_i
+    p_S when every draft was accepted (q_row is zero there). Falls back to p_i
     when the residual has no positive mass.
 
     Args:
-        q: [bs, S, V].
+        q_row: [bs, V] q at i (`_dense_q_row`, `sparse_q_row`), None if S = 0.
         p: [bs, S+1, V].
         accept_len: [bs] int64 in [0, S].
 
     Returns:
         [bs, V] float32, non-negative, positive mass in every row.
     """
-    bs, num_slots, _ = q.shape
-    batch = torch.arange(bs, device=p.device)
+    batch = torch.arange(p.shape[0], device=p.device)
     p_row = p[batch, accept_len].float()  # [bs, V]
-    if num_slots == 0:
+    if q_row is None:
         return p_row
-    rejected = (accept_len < num_slots).unsqueeze(-1)  # [bs, 1]
-    q_row = q[batch, accept_len.clamp(max=num_slots - 1)].float()
-    residual = (p_row - torch.where(rejected, q_row, torch.zeros_like(q_row))).clamp(min=0)
+    residual = (p_row - q_row).clamp(min=0)
     empty = residual.sum(dim=-1, keepdim=True) <= 0
     return torch.where(empty, p_row, residual)
 
@@ -255,13 +284,32 @@ def _check_sampling_inputs(logits, temperature, top_p, top_k, min_p) -> None:
 
 
 def _check_chain_inputs(draft_tokens, q, p, uniforms) -> None:
-    """Raise ValueError, naming the tensor and shape, on inconsistent inputs."""
+    """Raise ValueError, naming the tensor and shape, on inconsistent inputs
+    (dense q: [bs, S, V])."""
+    bs, num_slots = _check_drafts_and_p(draft_tokens, p, uniforms)
+    if q.shape != (bs, num_slots, p.shape[2]):
+        raise ValueError(f"q must be [{bs}, {num_slots}, {p.shape[2]}], got shape {tuple(q.shape)}")
+
+
+def check_sparse_chain_inputs(draft_tokens, q_ids, q_probs, p, accept_uniforms,
+                              sample_uniforms) -> None:
+    """Raise ValueError, naming the tensor and shape, on inconsistent inputs
+    (sparse q: ids and probabilities [bs, S, K])."""
+    bs, num_slots = _check_drafts_and_p(draft_tokens, p, accept_uniforms)
+    if q_ids.dim() != 3 or q_ids.shape[:2] != (bs, num_slots) or q_probs.shape != q_ids.shape:
+        raise ValueError(f"q_ids and q_probs must both be [{bs}, {num_slots}, K], got shapes "
+                         f"{tuple(q_ids.shape)} and {tuple(q_probs.shape)}")
+    if sample_uniforms.shape != (bs, num_slots + 1):
+        raise ValueError(f"sample_uniforms must be [{bs}, {num_slots + 1}], "
+                         f"got shape {tuple(sample_uniforms.shape)}")
+
+
+def _check_drafts_and_p(draft_tokens, p, uniforms) -> tuple[int, int]:
     if draft_tokens.dim() != 2:
         raise ValueError(f"draft_tokens must be [bs, S], got shape {tuple(draft_tokens.shape)}")
     bs, num_slots = draft_tokens.shape
     if p.dim() != 3 or p.shape[:2] != (bs, num_slots + 1):
         raise ValueError(f"p must be [{bs}, {num_slots + 1}, V], got shape {tuple(p.shape)}")
-    if q.shape != (bs, num_slots, p.shape[2]):
-        raise ValueError(f"q must be [{bs}, {num_slots}, {p.shape[2]}], got shape {tuple(q.shape)}")
     if uniforms.shape != (bs, num_slots):
         raise ValueError(f"uniforms must be [{bs}, {num_slots}], got shape {tuple(uniforms.shape)}")
+    return bs, num_slots

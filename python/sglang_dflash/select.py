@@ -143,31 +143,6 @@ def _walk_greedy(scores: torch.Tensor, cand_ids: torch.Tensor, batch: torch.Tens
     return Path(tokens=tokens.to(torch.int64), choice=choice, q=q)
 
 
-def dense_q(path_q: torch.Tensor, cand_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Scatter the walk's q over the full vocabulary for the verifier.
-
-    Tokens outside the candidates get q = 0, so their whole target mass stays
-    in the rejection residual (docs/design.md §6.4).
-
-    Args:
-        path_q: [bs, S, K] float32 from `walk`.
-        cand_ids: [bs, S, K] int64 candidate ids, all < vocab_size.
-        vocab_size: V.
-
-    Returns:
-        [bs, S, V] float32.
-    """
-    if path_q.shape != cand_ids.shape or path_q.dim() != 3:
-        raise ValueError(
-            f"path_q shape {tuple(path_q.shape)} and cand_ids shape "
-            f"{tuple(cand_ids.shape)} must be equal and [bs, S, K]"
-        )
-    bs, num_slots, _ = path_q.shape
-    out = path_q.new_zeros(bs, num_slots, vocab_size, dtype=torch.float32)
-    # scatter_add rather than scatter: duplicate ids must not drop mass.
-    return out.scatter_add_(-1, cand_ids.long(), path_q.float())
-
-
 def _predecessor_ids(cand_ids: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
     """pred[b, 0, :] = anchor[b]; pred[b, e, :] = cand_ids[b, e - 1, :].
 

@@ -5,9 +5,10 @@ top_k = 1). Greedy rows accept while the draft equals the target argmax
 (output identical to plain greedy decoding). Sampled rows run exact chain
 rejection sampling against the target's p (after temperature, top-k, top-p,
 min-p, as plain decoding samples): with the q the draft was really drawn from
-(DFlash 2 selector walk) or, for deterministic drafts (DFlash v1 argmax), a
-one-hot q, where the rule reduces to "draw y ~ p, accept iff y equals the
-draft" (docs/design.md §6.3).
+(DFlash 2 selector walk, sparse: its K candidates per slot) or, for
+deterministic drafts (DFlash v1 argmax), a one-hot q (K = 1), where the
+rule reduces to "draw y ~ p, accept iff y equals the draft"
+(docs/design.md §6.3).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import torch
 
 from sglang_dflash.ops import chain_rejection
 from sglang_dflash.rejection import AcceptResult, greedy_accept, target_probs
-from sglang_dflash.select import one_hot
 
 
 @dataclass
@@ -53,8 +53,10 @@ def verify_block(
     drafts: torch.Tensor,
     logits: torch.Tensor,
     rows: Optional[SamplingRows],
-    q: Optional[torch.Tensor] = None,
     uniforms: Optional[VerifyUniforms] = None,
+    *,
+    q_ids: Optional[torch.Tensor] = None,
+    q_probs: Optional[torch.Tensor] = None,
 ) -> AcceptResult:
     """Accept a prefix of `drafts` and emit the bonus, per request.
 
@@ -64,9 +66,10 @@ def verify_block(
             bias and grammar already applied).
         rows: per-request sampling parameters; None means all greedy (a batch
             whose rows are all greedy may also pass them: same result).
-        q: [bs, S, V] dense distribution each draft was drawn from, or None
-            for deterministic drafts (one-hot q).
         uniforms: required when some row samples.
+        q_ids, q_probs: [bs, S, K] the distribution each draft was drawn
+            from (its candidates' ids and probabilities, zero elsewhere), or
+            both None for deterministic drafts (one-hot q).
     Returns:
         AcceptResult (accept_len [bs], tokens [bs, S+1] with the bonus at accept_len).
     """
@@ -81,9 +84,11 @@ def verify_block(
     flat = rows.repeat(width)
     p = target_probs(logits.reshape(-1, vocab).float(), flat.temperature, flat.top_p, flat.top_k, flat.min_p)
     p = p.view(bs, width, vocab)
-    if q is None:
-        q = one_hot(drafts, vocab, p.dtype)
-    sampled = chain_rejection(drafts, q, p, uniforms.accept, uniforms.sample)
+    if (q_ids is None) != (q_probs is None):
+        raise ValueError("verify_block: q_ids and q_probs come together")
+    if q_ids is None:  # deterministic drafts: q is one-hot at the draft
+        q_ids, q_probs = drafts.unsqueeze(-1), torch.ones(drafts.shape + (1,), device=p.device)
+    sampled = chain_rejection(drafts, q_ids, q_probs, p, uniforms.accept, uniforms.sample)
     greedy = rows.greedy.unsqueeze(1)
     return AcceptResult(
         accept_len=torch.where(rows.greedy, greedy_result.accept_len, sampled.accept_len),

@@ -57,10 +57,9 @@ def test_stages_of_a_sampled_step_read_nothing_back():
     context = DraftContext(kv, project)
     with HostSyncCounter() as counter:
         path = walk(scores, cand_ids, rows.temperature, greedy, torch.rand(bs, slots, generator=gen))
-        q = torch.zeros(bs, slots, vocab).scatter_add_(-1, cand_ids, path.q)
         seeded = counter_uniforms(torch.tensor([1, 2, 3, 4]), torch.tensor([10, 11, 12, 13]), 2 * slots + 1)
         uniforms = VerifyUniforms(accept=seeded[:, :slots], sample=seeded[:, slots:])
-        result = verify_block(path.tokens, logits, rows, q, uniforms)
+        result = verify_block(path.tokens, logits, rows, uniforms, q_ids=cand_ids, q_probs=path.q)
         plan = plan_commit(result.accept_len, torch.tensor([7, 9, 3, 12]))
         rows_slots = torch.arange(bs * (slots + 1)) % 40  # repeated slots: the flush keeps the last
         context.commit(torch.randn(bs * (slots + 1), 8), torch.arange(bs * (slots + 1)), rows_slots,

@@ -65,13 +65,15 @@ def _walk_inputs(seed, bs, slots, k, vocab=1000, nonfinite=False):
 
 def _chain_inputs(seed, bs, slots, vocab, k=16):
     """Target p (with top-k / top-p filters), a selector-like q over k
-    candidates, drafts drawn from q, and uniforms. Rows 0-3 are edge cases:
-    q = p (all accepted, bonus), q = 1.001 p (empty residual at a rejection),
+    candidates (sparse: ids and probabilities), drafts drawn from q, and
+    uniforms. Rows 0-3 are edge cases: q = p (all accepted, bonus), q =
+    1.001 p (empty residual at a rejection), both with p cut to its top 8,
     one-hot q (deterministic draft) and drafts the target gives zero mass."""
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(bs, slots + 1, vocab, generator=gen) * 2.0
     n = bs * (slots + 1)
     top_k = torch.where(torch.rand(n, generator=gen) < 0.5, torch.full((n,), 8), TOP_K_ALL)
+    top_k.view(bs, slots + 1)[:2] = 8  # the q = p rows: p within k candidates
     p = target_probs(logits.view(n, vocab), torch.rand(n, generator=gen) + 0.5,
                      torch.where(torch.rand(n, generator=gen) < 0.5, 0.9, 1.0), top_k,
                      torch.zeros(n)).view(bs, slots + 1, vocab)
@@ -85,11 +87,12 @@ def _chain_inputs(seed, bs, slots, vocab, k=16):
     drafts = torch.multinomial(q.reshape(-1, vocab), 1, generator=gen).view(bs, slots)
     if bs > 3 and slots > 0:
         drafts[3, 0] = int(p[3, 0].argmin())  # zero (or least) target mass
+    q_probs, q_ids = torch.topk(q, min(k, vocab), dim=-1)  # every row's support fits in k
     accept_u = torch.rand(bs, slots, generator=gen)
     accept_u[0] = 0.0  # q = p: every draft accepted, the bonus comes from p_S
     accept_u[1 % bs] = 0.9995  # 1.001 p: rejected, the residual is empty
     sample_u = torch.rand(bs, slots + 1, generator=gen)
-    return drafts, q, p, accept_u, sample_u
+    return drafts, q_ids, q_probs, p, accept_u, sample_u
 
 
 def _to(device, tensors):
@@ -188,22 +191,28 @@ def check_rejection_edges_and_strides(device="cpu"):
     from sglang_dflash.ops import rejection_triton
 
     twin, kernel = chain_rejection_sample_uniforms, rejection_triton.chain_rejection_sample_uniforms
-    drafts, q, p, ua, us = _to(device, _chain_inputs(30, bs=6, slots=7, vocab=100))
-    want = twin(drafts, q, p, ua, us)
+    drafts, ids, probs, p, ua, us = _to(device, _chain_inputs(30, bs=6, slots=7, vocab=100))
+    want = twin(drafts, ids, probs, p, ua, us)
     assert want.accept_len[0] == 7 and want.accept_len[1] == 0  # the edge rows do their job
-    _assert_results_equal(kernel(drafts, q, p, ua, us), want)
-    # p and q as views into a padded vocabulary (row stride != vocab)
+    _assert_results_equal(kernel(drafts, ids, probs, p, ua, us), want)
+    # p as a view into a padded vocabulary (row stride != vocab), q in transposed storage
     cols = torch.arange(100, device=device)
     pad_p = torch.zeros(6, 8, 128, device=device).index_copy_(2, cols, p)[..., :100]
-    pad_q = torch.zeros(6, 7, 128, device=device).index_copy_(2, cols, q)[..., :100]
-    _assert_results_equal(kernel(drafts, pad_q, pad_p, ua, us), want)
+    ids_t, probs_t = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (ids, probs))
+    _assert_results_equal(kernel(drafts, ids_t, probs_t, pad_p, ua, us), want)
+    # K = 1 (a deterministic draft's one-hot q) and K not a power of two
+    one = (drafts.unsqueeze(-1), torch.ones_like(probs[..., :1]))
+    _assert_results_equal(kernel(drafts, *one, p, ua, us), twin(drafts, *one, p, ua, us))
+    _assert_results_equal(kernel(drafts, ids[..., :11], probs[..., :11], p, ua, us),
+                          twin(drafts, ids[..., :11], probs[..., :11], p, ua, us))
     # S = 0: only the bonus, drawn from p_0
-    args0 = (drafts[:, :0], q[:, :0], p[:, :1], ua[:, :0], us[:, :1])
+    args0 = (drafts[:, :0], ids[:, :0], probs[:, :0], p[:, :1], ua[:, :0], us[:, :1])
     _assert_results_equal(kernel(*args0), twin(*args0))
     # uniform edges for the emitted draw
     for value in (0.0, 1.0 - 2.0 ** -24):
         us_edge = torch.full_like(us, value)
-        _assert_results_equal(kernel(drafts, q, p, ua, us_edge), twin(drafts, q, p, ua, us_edge))
+        _assert_results_equal(kernel(drafts, ids, probs, p, ua, us_edge),
+                              twin(drafts, ids, probs, p, ua, us_edge))
 
 
 def _context_attention_case(seed, *, bs, block, heads, kv_heads, dim, causal, window,
@@ -324,9 +333,11 @@ _SM90_SIGNATURES = {
                            q_ptr="*fp32"),
                  constexprs=dict(NUM_SLOTS=7, K=16, BLOCK_K=16, MIN_TEMP=1e-5,
                                  FMAX=3.4028234663852886e38), num_warps=1),
-    "rejection": dict(ptrs=dict(draft_ptr="*i64", q_ptr="*fp32", p_ptr="*fp32", ua_ptr="*fp32",
-                                us_ptr="*fp32", accept_len_ptr="*i64", tokens_ptr="*i64"),
-                      constexprs=dict(NUM_SLOTS=7, BLOCK_V=2048, PAD=PAD_TOKEN_ID), num_warps=8),
+    "rejection": dict(ptrs=dict(draft_ptr="*i64", qid_ptr="*i64", qpr_ptr="*fp32", p_ptr="*fp32",
+                                ua_ptr="*fp32", us_ptr="*fp32", accept_len_ptr="*i64",
+                                tokens_ptr="*i64"),
+                      constexprs=dict(NUM_SLOTS=7, K=16, BLOCK_K=16, BLOCK_V=2048, PAD=PAD_TOKEN_ID),
+                      num_warps=8),
     "context_attention": dict(
         ptrs=dict(q_ptr="*bf16", kb_ptr="*bf16", vb_ptr="*bf16", kc_ptr="*bf16", vc_ptr="*bf16",
                   r2t_ptr="*i32", rpi_ptr="*i64", prefix_ptr="*i64", pos_ptr="*i64",
@@ -436,10 +447,14 @@ def test_inverse_cdf_handmade():
     assert inverse_cdf(w, torch.tensor([0.2499, 0.5, 0.9999999])).tolist() == [1, 0, 1]
 
 
+def _dense(ids, probs, vocab):
+    return torch.zeros(ids.shape[:2] + (vocab,)).scatter_add_(-1, ids, probs)
+
+
 def test_twin_accepts_like_multinomial_version():
-    drafts, q, p, ua, us = _chain_inputs(5, bs=64, slots=7, vocab=32)
-    twin = chain_rejection_sample_uniforms(drafts, q, p, ua, us)
-    ref = chain_rejection_sample(drafts, q, p, ua, torch.Generator().manual_seed(0))
+    drafts, ids, probs, p, ua, us = _chain_inputs(5, bs=64, slots=7, vocab=32)
+    twin = chain_rejection_sample_uniforms(drafts, ids, probs, p, ua, us)
+    ref = chain_rejection_sample(drafts, _dense(ids, probs, 32), p, ua, torch.Generator().manual_seed(0))
     assert torch.equal(twin.accept_len, ref.accept_len)
     rows = torch.arange(64)
     n = twin.accept_len
@@ -454,12 +469,33 @@ def test_twin_accepts_like_multinomial_version():
 
 
 def test_twin_edge_rows():
-    drafts, q, p, ua, us = _chain_inputs(6, bs=6, slots=7, vocab=50)
-    res = chain_rejection_sample_uniforms(drafts, q, p, ua, us)
+    drafts, ids, probs, p, ua, us = _chain_inputs(6, bs=6, slots=7, vocab=50)
+    res = chain_rejection_sample_uniforms(drafts, ids, probs, p, ua, us)
     assert res.accept_len[0] == 7  # q = p, u = 0
     assert res.accept_len[1] == 0 and p[1, 0, res.tokens[1, 0]] > 0  # empty residual -> p_0
     with pytest.raises(ValueError, match="sample_uniforms"):
-        chain_rejection_sample_uniforms(drafts, q, p, ua, us[:, :7])
+        chain_rejection_sample_uniforms(drafts, ids, probs, p, ua, us[:, :7])
+    with pytest.raises(ValueError, match="q_ids and q_probs"):
+        chain_rejection_sample_uniforms(drafts, ids, probs[..., :3], p, ua, us)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sparse_twin_equals_the_dense_rule(seed):
+    """The sparse q gives bit-for-bit what the same rule gives over the dense q
+    (accept tests on q(x) gathered from the dense q, the residual against its
+    whole row), so the sparse form changes memory and nothing else."""
+    from sglang_dflash.rejection import _dense_q_row, _emit_distribution, _leading_true
+
+    drafts, ids, probs, p, ua, us = _chain_inputs(40 + seed, bs=32, slots=7, vocab=64)
+    q = _dense(ids, probs, 64)
+    q_x = q.gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
+    p_x = p[:, :7].gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
+    n = _leading_true(ua * q_x < p_x)
+    emitted = inverse_cdf(_emit_distribution(_dense_q_row(q, n), p, n), us.gather(1, n[:, None])[:, 0])
+    got = chain_rejection_sample_uniforms(drafts, ids, probs, p, ua, us)
+    assert torch.equal(got.accept_len, n)
+    assert torch.equal(got.tokens[torch.arange(32), n], emitted)
+    assert bool((n < 7).any() & (n > 0).any())
 
 
 LOSSLESS_ROWS = 40_000  # a fifth of test_rejection.py's sample: this twin shares its rule
@@ -478,9 +514,10 @@ def _twin_counts(target, sample_cdf, q_table, seed, rows=LOSSLESS_ROWS):
         drafts.append(prev)
     drafts = torch.stack(drafts, dim=1)
     context = torch.cat([torch.full((rows, 1), ANCHOR), drafts], dim=1)
-    q = q_table[torch.arange(NUM_SLOTS), context[:, :NUM_SLOTS]]
+    q = q_table[torch.arange(NUM_SLOTS), context[:, :NUM_SLOTS]]  # dense: K = V candidates
     p = target[context]
-    res = chain_rejection_sample_uniforms(drafts, q, p, torch.rand(rows, NUM_SLOTS, generator=gen),
+    ids = torch.arange(VOCAB).expand(rows, NUM_SLOTS, VOCAB)
+    res = chain_rejection_sample_uniforms(drafts, ids, q, p, torch.rand(rows, NUM_SLOTS, generator=gen),
                                           torch.rand(rows, NUM_SLOTS + 1, generator=gen))
     positions = torch.arange(NUM_SLOTS + 1).expand(rows, -1)
     reached = positions <= res.accept_len.unsqueeze(1)

@@ -7,7 +7,6 @@ import torch
 from sglang_dflash.candidates import Candidates
 from sglang_dflash.select import (
     MIN_TEMPERATURE,
-    dense_q,
     lattice_scores,
     walk,
 )
@@ -246,18 +245,6 @@ def test_walk_bad_shapes_raise():
         walk(scores, cand_ids, temp, greedy.long(), uniforms)
     with pytest.raises(ValueError, match="uniforms"):
         walk(scores, cand_ids, temp, greedy, uniforms[:, :2])
-
-
-def test_dense_q_scatters_over_vocabulary():
-    scores, cand_ids, uniforms = _walk_case(6, bs=3, slots=4, k=5)
-    ids = torch.stack([torch.randperm(30)[:5] for _ in range(12)]).view(3, 4, 5)
-    path = walk(scores, ids, torch.ones(3), torch.tensor([True, False, False]), uniforms)
-    dense = dense_q(path.q, ids, 30)
-    assert dense.shape == (3, 4, 30)
-    torch.testing.assert_close(dense.sum(-1), torch.ones(3, 4))
-    assert torch.equal(dense.gather(-1, ids), path.q)
-    outside = torch.ones(3, 4, 30, dtype=torch.bool).scatter_(-1, ids, False)
-    assert bool((dense[outside] == 0).all())
 
 
 def _tv(a, b):

@@ -6,9 +6,10 @@ One decode step, each line one call (`forward_batch_generation`):
   proposal = propose_argmax | propose_selector            propose.py (v1 | DFlash 2)
              (the three lines above on static buffers, CUDA-graph captured: static_draft.py)
   logits   = target TARGET_VERIFY forward over the block  SGLang target worker
-  result   = verify_block(drafts, logits, sampling, q)    verify.py (greedy / exact sampling)
+  result   = verify_block(drafts, logits, sampling, ..q)  verify.py (greedy / exact sampling)
   plan     = plan_commit(accept_len, prefix_lens)         draft.py
   drafter context += target features of committed rows   context.py
+Speculation off (W = 0): the target's DECODE forward of the anchors alone.
 
 The drafter runs outside SGLang's ModelRunner: its KV cache (`DraftKVCache`)
 holds the context K/V projected from the target's hidden states, indexed by the
@@ -430,8 +431,8 @@ class DFlashWorker(BaseSpecWorker):
         logits_output = self._verify(batch, verify_ids, positions, cache_loc, num_verify)
         self.verify_logits.adjust(batch, logits_output.next_token_logits, verify_ids, grammar_barrier)
         logits = logits_output.next_token_logits.view(bs, num_verify, -1)
-        q = None if sampling is None else proposal.dense_q(self.head.vocab)
-        result = verify_block(proposal.drafts, logits, sampling, q, verify_u)
+        result = verify_block(proposal.drafts, logits, sampling, verify_u,
+                              q_ids=proposal.q_ids, q_probs=proposal.q_probs)
         if self.tp is not None:
             self.tp.check_same(torch.cat([result.tokens, result.accept_len.unsqueeze(1)], dim=1),
                                "the verified tokens")
@@ -471,7 +472,7 @@ class DFlashWorker(BaseSpecWorker):
         else:
             verify_u = self._draw_uniforms(batch.reqs, prefix, 0)[1]
             no_drafts = anchor.new_empty((bs, 0))
-            bonus = verify_block(no_drafts, logits.view(bs, 1, -1), sampling, None, verify_u).tokens[:, 0]
+            bonus = verify_block(no_drafts, logits.view(bs, 1, -1), sampling, verify_u).tokens[:, 0]
         if self.tp is not None:
             self.tp.check_same(bonus, "the decoded tokens")
         self.verify_logits.on_commit(batch, bonus.unsqueeze(1), None)

@@ -2,7 +2,7 @@
 
     selector_walk(scores, cand_ids, temperature, greedy, uniforms) -> select.Path
         twin: select.walk; kernel: ops.walk_triton.walk
-    chain_rejection(draft_tokens, q, p, accept_uniforms, sample_uniforms) -> AcceptResult
+    chain_rejection(draft_tokens, q_ids, q_probs, p, accept_uniforms, sample_uniforms) -> AcceptResult
         twin: ops.rejection_ref.chain_rejection_sample_uniforms;
         kernel: ops.rejection_triton.chain_rejection_sample_uniforms
     block_context_attention(q, k_block, v_block, ctx, positions, causal, window) -> out
@@ -86,7 +86,8 @@ def selector_walk(
 
 def chain_rejection(
     draft_tokens: torch.Tensor,
-    q: torch.Tensor,
+    q_ids: torch.Tensor,
+    q_probs: torch.Tensor,
     p: torch.Tensor,
     accept_uniforms: torch.Tensor,
     sample_uniforms: torch.Tensor,
@@ -94,13 +95,15 @@ def chain_rejection(
     """`rejection_ref.chain_rejection_sample_uniforms` through the chosen backend.
 
     Args:
-        draft_tokens: [bs, S] int64; q: [bs, S, V] float32; p: [bs, S+1, V]
-        float32; accept_uniforms: [bs, S]; sample_uniforms: [bs, S+1].
+        draft_tokens: [bs, S] int64; q_ids, q_probs: [bs, S, K] int64 / float32
+        the sparse q; p: [bs, S+1, V] float32; accept_uniforms: [bs, S];
+        sample_uniforms: [bs, S+1].
 
     Returns:
         AcceptResult with accept_len [bs] and tokens [bs, S+1].
     """
-    return _impl(p.device).chain_rejection(draft_tokens, q, p, accept_uniforms, sample_uniforms)
+    return _impl(p.device).chain_rejection(draft_tokens, q_ids, q_probs, p, accept_uniforms,
+                                           sample_uniforms)
 
 
 def block_context_attention(

@@ -6,7 +6,9 @@ norm(max(0, p_i - q_i)) over the FULL vocabulary, from p_i if that residual
 is empty; after S accepts emit the bonus from p_S), but the emitted token is
 drawn by inverse CDF from a caller-supplied uniform instead of
 `torch.multinomial`, so a step consumes no RNG state and can be captured in a
-CUDA graph.
+CUDA graph. And q comes sparse, as the selector walk makes it (K candidates
+per slot, zero elsewhere): only the rejected slot's q is scattered over the
+vocabulary, one [bs, V] row instead of a dense [bs, S, V] q.
 
 Inverse CDF, for the unnormalized emit distribution w [V]:
 
@@ -27,15 +29,17 @@ import torch
 from sglang_dflash.rejection import (
     AcceptResult,
     _assemble_tokens,
-    _check_chain_inputs,
     _emit_distribution,
     _leading_true,
+    check_sparse_chain_inputs,
+    sparse_q_row,
 )
 
 
 def chain_rejection_sample_uniforms(
     draft_tokens: torch.Tensor,
-    q: torch.Tensor,
+    q_ids: torch.Tensor,
+    q_probs: torch.Tensor,
     p: torch.Tensor,
     accept_uniforms: torch.Tensor,
     sample_uniforms: torch.Tensor,
@@ -44,7 +48,10 @@ def chain_rejection_sample_uniforms(
 
     Args:
         draft_tokens: [bs, S] int64 drafted tokens x_0..x_{S-1}.
-        q: [bs, S, V] float32 dense draft distribution each draft was drawn from.
+        q_ids: [bs, S, K] int64 the distinct candidates each draft was drawn
+            among (the draft one of them); q_probs: [bs, S, K] float32 their
+            probabilities, q = 0 for every other token (the walk's q; a
+            deterministic draft is K = 1, probability 1).
         p: [bs, S+1, V] float32 target probabilities.
         accept_uniforms: [bs, S] float32 in [0, 1) for the accept tests.
         sample_uniforms: [bs, S+1] float32 in [0, 1); column accept_len draws
@@ -54,19 +61,15 @@ def chain_rejection_sample_uniforms(
     Returns:
         AcceptResult with accept_len [bs] and tokens [bs, S+1].
     """
-    _check_chain_inputs(draft_tokens, q, p, accept_uniforms)
-    bs, num_slots = draft_tokens.shape
-    if sample_uniforms.shape != (bs, num_slots + 1):
-        raise ValueError(
-            f"sample_uniforms must be [{bs}, {num_slots + 1}], "
-            f"got shape {tuple(sample_uniforms.shape)}"
-        )
+    check_sparse_chain_inputs(draft_tokens, q_ids, q_probs, p, accept_uniforms, sample_uniforms)
+    num_slots = draft_tokens.shape[1]
     drafts = draft_tokens.long().unsqueeze(-1)  # [bs, S, 1]
     p_draft = torch.gather(p[:, :num_slots].float(), -1, drafts).squeeze(-1)  # [bs, S]
-    q_draft = torch.gather(q.float(), -1, drafts).squeeze(-1)  # [bs, S]
+    q_draft = torch.where(q_ids.long() == drafts, q_probs.float(), 0.0).sum(-1)  # [bs, S]
     accepted = accept_uniforms.float() * q_draft < p_draft  # [bs, S]
     accept_len = _leading_true(accepted)
-    emit_from = _emit_distribution(q, p, accept_len)  # [bs, V] unnormalized
+    q_row = sparse_q_row(q_ids, q_probs, accept_len, p.shape[2])
+    emit_from = _emit_distribution(q_row, p, accept_len)  # [bs, V] unnormalized
     v = torch.gather(sample_uniforms.float(), 1, accept_len.unsqueeze(1))  # [bs, 1]
     emitted = inverse_cdf(emit_from, v.squeeze(1))
     return AcceptResult(accept_len, _assemble_tokens(draft_tokens, accept_len, emitted))
