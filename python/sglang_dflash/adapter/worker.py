@@ -504,14 +504,14 @@ class DFlashWorker(BaseSpecWorker):
         runner = self.model_runner
         saved = (batch.input_ids, batch.spec_info, batch.forward_mode, batch.out_cache_loc,
                  batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum)
-        bs = len(anchor)
+        lens, host_lens, host_sum = batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum
         batch.input_ids, batch.spec_info, batch.forward_mode = anchor, None, ForwardMode.DECODE
         batch.out_cache_loc = cache_loc
-        # DECODE lengths count the new token (positions are seq_lens - 1).
-        batch.seq_lens = batch.seq_lens + 1
-        if saved[5] is not None:
-            batch.seq_lens_cpu = saved[5] + 1
-            batch.seq_lens_sum = int(saved[6]) + bs
+        # DECODE lengths count the new token (positions are seq_lens - 1), the
+        # host copies too: backends size page tables and index buffers from them.
+        batch.seq_lens = lens + 1
+        batch.seq_lens_cpu = None if host_lens is None else host_lens + 1
+        batch.seq_lens_sum = None if host_sum is None else int(host_sum) + len(anchor)
         graphs = runner.decode_cuda_graph_runner
         try:
             with self._syncs.paused() if self._syncs is not None else contextlib.nullcontext():
