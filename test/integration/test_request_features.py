@@ -189,6 +189,22 @@ def test_openai_chat_logprobs_equal_plain(servers):
         [[t["token"] for t in x["top_logprobs"]] for x in w]
 
 
+def _concurrent_equal_plain(server, plain, requests_):
+    """Send requests_ (dicts: text and parameters) to server at once, so they share
+    decode batches, and to plain one by one; each output must equal plain's.
+    Returns both replies in request order."""
+    def run(target, req):
+        req = dict(req)
+        return _gen(target, req.pop("text"), **req)
+
+    with ThreadPoolExecutor(len(requests_)) as pool:
+        got = list(pool.map(lambda r: run(server, r), requests_))
+    want = [run(plain, r) for r in requests_]
+    for g, w, r in zip(got, want, requests_):
+        assert g["output_ids"] == w["output_ids"], r
+    return got, want
+
+
 def test_mixed_batch_with_and_without_logprobs_and_penalties(servers):
     """Concurrent requests share decode batches: with and without logprobs,
     penalties and grammar; each equals its plain answer and the server keeps serving."""
@@ -202,15 +218,7 @@ def test_mixed_batch_with_and_without_logprobs_and_penalties(servers):
         dict(text=PROMPTS[2], min_new_tokens=30),
     ]
 
-    def run(server, req):
-        req = dict(req)
-        return _gen(server, req.pop("text"), **req)
-
-    with ThreadPoolExecutor(len(requests_)) as pool:
-        got = list(pool.map(lambda r: run(dflash, r), requests_))
-    want = [run(plain, r) for r in requests_]
-    for g, w, r in zip(got, want, requests_):
-        assert g["output_ids"] == w["output_ids"], r
+    _concurrent_equal_plain(dflash, plain, requests_)
     assert requests.get(dflash.url + "/health_generate", timeout=60).status_code == 200
 
 
@@ -313,16 +321,7 @@ def test_off_path_request_features_equal_plain(servers, monkeypatch):
             dict(text=EGGS, custom_logit_processor=_disallowed_tokens_processor(),
                  custom_params={"token_ids": [base[2], base[5]]}),
         ]
-
-        def run(server, req):
-            req = dict(req)
-            return _gen(server, req.pop("text"), **req)
-
-        with ThreadPoolExecutor(len(requests_)) as pool:
-            got = list(pool.map(lambda r: run(off, r), requests_))
-        want = [run(plain, r) for r in requests_]
-        for g, w, r in zip(got, want, requests_):
-            assert g["output_ids"] == w["output_ids"], r
+        got, want = _concurrent_equal_plain(off, plain, requests_)
         g, w = got[0]["meta_info"], want[0]["meta_info"]
         assert _close([v for v, *_ in g["output_token_logprobs"]], [v for v, *_ in w["output_token_logprobs"]])
         assert [[t for _, t, *_ in x] for x in g["output_top_logprobs"]] == \
