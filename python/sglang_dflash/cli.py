@@ -25,6 +25,8 @@ CPU_ENGINE_DEFAULTS: dict[str, object] = dict(
     # torch SDPA; our plugin adds TARGET_VERIFY to it.
     attention_backend="torch_native",
     sampling_backend="pytorch",
+    # SGLang's default LoRA backends are Triton kernels; used only with --enable-lora.
+    lora_backend="torch_native",
     # CPU graphs require torch.compile and exclude speculation.
     disable_cuda_graph=True,
     # A shared host: do not size the KV cache from most of its RAM.

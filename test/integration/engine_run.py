@@ -6,7 +6,8 @@ before SGLang is imported, and the engine spawns processes):
     python engine_run.py SPEC.json OUT.json
 
 SPEC: {"engine": {sgl.Engine kwargs}, "runs": [{"name", "prompts" | "input_ids",
-"batch_size", "sampling_params"}]}. OUT also holds the server's dflash state
+"batch_size", "sampling_params"[, "lora_path": one per prompt][, "load_lora": {name: path},
+loaded into the engine before the run]}]}. OUT also holds the server's dflash state
 after the last run (`/get_server_info`'s internal_states[0]["dflash"]). Each run submits its prompts in groups of
 `batch_size` (one `generate` call per group, so the decode batch holds up to
 that many requests) and records output ids and meta_info per prompt.
@@ -21,11 +22,15 @@ def _run(engine, run):
     items = run.get("input_ids") or run["prompts"]
     key = "input_ids" if "input_ids" in run else "prompt"
     bs = int(run["batch_size"])
+    for name, path in run.get("load_lora", {}).items():
+        engine.load_lora_adapter(name, path)
+    loras = run.get("lora_path")
     results = []
     t0 = time.time()
     for start in range(0, len(items), bs):
         group = items[start : start + bs]
-        outs = engine.generate(**{key: group}, sampling_params=run["sampling_params"])
+        extra = {} if loras is None else {"lora_path": loras[start : start + bs]}
+        outs = engine.generate(**{key: group}, sampling_params=run["sampling_params"], **extra)
         for out in outs:
             results.append(
                 {

@@ -119,6 +119,10 @@ def register() -> None:
                           HookType.AROUND)
     HookRegistry.register(cpu_parallel.THREADS_BINDING_TARGET, cpu_parallel.bind_rank_threads,
                           HookType.AROUND)
+    from sglang_dflash.adapter import cpu_lora
+
+    HookRegistry.register(cpu_lora.LORA_MANAGER_TARGET, cpu_lora.unpinned_lora_on_cpu,
+                          HookType.BEFORE)
     from sglang_dflash.adapter import metrics
 
     HookRegistry.register(metrics.METRICS_TARGET, metrics.rescale_window_accept_rate, HookType.BEFORE)

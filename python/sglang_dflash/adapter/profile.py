@@ -55,7 +55,9 @@ def _best_times(makers: list, passes: int = 3) -> list[float]:
 def _dense_weights(target_model) -> list[torch.Tensor]:
     layers = target_model.model.layers
     weights = [p for p in layers.parameters() if p.dim() == 2]
-    return weights + [target_model.lm_head.weight]
+    from sglang.srt.lora.layers import unwrap_lora_layer
+
+    return weights + [unwrap_lora_layer(target_model.lm_head).weight]
 
 
 def _timed_weights(weights: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:

@@ -129,10 +129,6 @@ def _check_device_and_parallelism(cfg) -> None:
         raise ValueError("DFLASH speculative decoding only supports pp_size == 1")
     if cfg.enable_mixed_chunk:
         raise ValueError("sglang-dflash DFLASH does not support --enable-mixed-chunk yet")
-    if getattr(cfg, "enable_lora", False) or getattr(cfg, "lora_paths", None):
-        raise ValueError("sglang-dflash DFLASH does not support LoRA adapters yet "
-                         "(--enable-lora / --lora-paths); set SGLANG_DFLASH_UPSTREAM=1 to use "
-                         "SGLang's own worker")
     if cfg.speculative_draft_model_path is None:
         raise ValueError(
             "DFLASH speculative decoding requires --speculative-draft-model-path"

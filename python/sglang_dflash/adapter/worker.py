@@ -35,6 +35,7 @@ import time
 from collections import deque
 
 import torch
+from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from sglang.srt.runtime_context import attention_backends, get_exec, get_schedule, get_spec
@@ -135,11 +136,16 @@ class DFlashWorker(BaseSpecWorker):
         self.tp = tensor_parallel()  # None on one rank (tensor_parallel.py: what ranks share)
         self.drafter = self._load_drafter(spec.speculative_draft_model_path,
                                           spec.speculative_draft_model_revision)
+        # With --enable-lora the target's embedding and head may be LoRA wrappers;
+        # the drafter uses the plain modules (an adapter changes only what the
+        # target verifies, and the verify decides every committed token).
+        target = self.model_runner.model
+        self._target_embed = unwrap_lora_layer(target.model.embed_tokens)
         self.mask_token_id = resolve_mask_token_id(
             self.drafter.cfg, getattr(target_worker, "tokenizer", None),
             int(self.model_runner.model_config.vocab_size))
         self._merge_mask_embedding()
-        self.head = vocab_head(self.model_runner.model.lm_head,
+        self.head = vocab_head(unwrap_lora_layer(target.lm_head),
                                int(self.model_runner.model_config.vocab_size), self.tp)
         self.context: DraftContext | None = None  # drafter context K/V (alloc_memory_pool)
         self.verify_logits: VerifyLogits | None = None  # penalties, grammar, bias (alloc_memory_pool)
@@ -197,7 +203,7 @@ class DFlashWorker(BaseSpecWorker):
         emb = mask_embedding_for(self.drafter, self.mask_token_id)  # raises on an id mismatch
         if emb is None:
             return
-        embed_tokens = self.model_runner.model.model.embed_tokens
+        embed_tokens = self._target_embed
         row = local_row(embed_tokens, self.mask_token_id, self.tp)
         if row is None:  # another rank's vocabulary shard holds the mask token
             return
@@ -621,7 +627,7 @@ class DFlashWorker(BaseSpecWorker):
     # ---- stages -------------------------------------------------------------------
 
     def _embed(self, token_ids):
-        return self.model_runner.model.model.embed_tokens(token_ids)
+        return self._target_embed(token_ids)
 
     def _choose_width(self, bs: int) -> int:
         """The policy's width; under tensor parallelism rank 0's, broadcast
