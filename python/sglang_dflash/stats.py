@@ -31,6 +31,10 @@ class SpecStats:
         self.timed_steps = [0] * (max_width + 1)
         self.prefill_seconds = 0.0
         self.prefill_steps = 0
+        # Prefills that also decoded running requests one token each
+        # (--enable-mixed-chunk), and those requests' rows.
+        self.mixed_prefills = 0
+        self.mixed_decode_rows = 0
         # Drafts the target verified and accepted: SGLang's own accept rate
         # assumes B-1 verified drafts per step, which W < B-1 and W = 0 break.
         self.verified_drafts = 0
@@ -40,9 +44,11 @@ class SpecStats:
         self.timed_seconds[width] += seconds
         self.timed_steps[width] += 1
 
-    def time_prefill(self, seconds: float) -> None:
+    def time_prefill(self, seconds: float, decode_rows: int = 0) -> None:
         self.prefill_seconds += seconds
         self.prefill_steps += 1
+        self.mixed_prefills += decode_rows > 0
+        self.mixed_decode_rows += decode_rows
 
     def observe(self, width: int, accept_lens: list[int]) -> None:
         """One decode step at width W: accepted drafts per request."""
@@ -75,6 +81,8 @@ class SpecStats:
             "timed_steps_by_width": list(self.timed_steps),
             "prefill_seconds": round(self.prefill_seconds, 4),
             "prefill_steps": self.prefill_steps,
+            "mixed_prefills": self.mixed_prefills,
+            "mixed_decode_rows": self.mixed_decode_rows,
             "verified_drafts": self.verified_drafts,
             "correct_drafts": self.correct_drafts,
             "draft_accept_rate": (self.correct_drafts / self.verified_drafts

@@ -1,6 +1,6 @@
 """The draft side stays consistent through chunked prefill, radix-cache prefix
-hits, retraction under KV pressure, and long prompts: greedy DFLASH output equals
-plain decoding under the same engine settings."""
+hits, mixed chunked prefill, retraction under KV pressure, and long prompts:
+greedy DFLASH output equals plain decoding under the same engine settings."""
 
 import pytest
 
@@ -34,6 +34,40 @@ def test_chunked_prefill_and_radix_hits(prompts):
         assert _ids(spec[name]) == _ids(plain[name]), name
     cached = sum(r["meta_info"]["cached_tokens"] or 0 for r in spec["again"]["results"])
     assert cached > 0, "the second pass should hit the radix cache"
+
+
+@pytest.mark.parametrize("overlap, policy", [(True, '{"mode": "on"}'), (False, '{"mode": "adaptive"}')],
+                         ids=["overlap-on", "sync-adaptive"])
+def test_mixed_chunked_prefill(prompts, monkeypatch, overlap, policy):
+    """--enable-mixed-chunk: a prefill chunk and the running requests' next token
+    (their pending bonus) run as one extend. Twelve prompts in chunks of 64 tokens
+    arrive at once, so the later prompts' chunks run with the first ones decoding;
+    a second group is held to a regex (the mixed rows are sampled by SGLang's
+    extend sampler under the request's grammar state) and a third has penalties
+    (SGLang's penalizers hold no counts for speculative requests, so the
+    plugin keeps prefills unmixed while one runs: adapter/mixed_chunk.py).
+    Both scheduler loops for DFLASH; the oracle is plain decoding with the
+    synchronous one (with the overlap scheduler plain SGLang applies penalties a
+    step late: test_request_features.py). The penalized prompts are split into
+    chunks too, whose last chunk's token must be counted even when, under the
+    overlap scheduler, the previous chunk's result is processed after it ran."""
+    monkeypatch.setenv("SGLANG_DFLASH_POLICY", policy)
+    penalized = {**GREEDY, "frequency_penalty": 0.6, "presence_penalty": 0.4, "repetition_penalty": 1.3}
+    runs = [{"name": "greedy", "prompts": prompts, "batch_size": 12, "sampling_params": GREEDY},
+            {"name": "regex", "prompts": prompts[::-1], "batch_size": 12,
+             "sampling_params": {**GREEDY, "regex": "(ab|[0-9]+ )+x"}},
+            # New prompts: the radix cache holds the others, and would skip their chunks.
+            {"name": "penalties", "prompts": chat_prompts(24)[12:], "batch_size": 12,
+             "sampling_params": penalized}]
+    settings = dict(enable_mixed_chunk=True, chunked_prefill_size=64,
+                    disable_overlap_schedule=not overlap)
+    plain = run_engine({**settings, "disable_overlap_schedule": True}, runs)
+    spec, state = run_engine({**settings, **dflash_args("drafter-trained")}, runs, with_state=True)
+    for name in plain:
+        for i, (want, got) in enumerate(zip(_ids(plain[name]), _ids(spec[name]))):
+            assert got == want, f"{name} request {i}"
+    assert state["mixed_prefills"] > 2 and state["mixed_decode_rows"] > 10, state
+    assert state["steps"] > 0
 
 
 def test_retraction_under_kv_pressure():

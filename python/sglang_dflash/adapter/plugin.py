@@ -123,6 +123,10 @@ def register() -> None:
 
     HookRegistry.register(cpu_lora.LORA_MANAGER_TARGET, cpu_lora.unpinned_lora_on_cpu,
                           HookType.BEFORE)
+    from sglang_dflash.adapter import mixed_chunk
+
+    HookRegistry.register(mixed_chunk.MIX_TARGET, mixed_chunk.no_mixing_with_stateful_requests,
+                          HookType.AROUND)
     from sglang_dflash.adapter import metrics
 
     HookRegistry.register(metrics.METRICS_TARGET, metrics.rescale_window_accept_rate, HookType.BEFORE)

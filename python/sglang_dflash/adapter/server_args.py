@@ -127,8 +127,6 @@ def _check_device_and_parallelism(cfg) -> None:
         raise ValueError("sglang-dflash DFLASH does not support DP attention yet")
     if cfg.pp_size != 1:
         raise ValueError("DFLASH speculative decoding only supports pp_size == 1")
-    if cfg.enable_mixed_chunk:
-        raise ValueError("sglang-dflash DFLASH does not support --enable-mixed-chunk yet")
     if cfg.speculative_draft_model_path is None:
         raise ValueError(
             "DFLASH speculative decoding requires --speculative-draft-model-path"

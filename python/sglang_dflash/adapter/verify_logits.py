@@ -28,7 +28,7 @@ from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_m
 from sglang_dflash.penalties import OutputCounts, PenaltyParams, apply_block_penalties, commit_keep
 
 
-def _penalized(req) -> bool:
+def penalized(req) -> bool:
     sp = req.sampling_params
     return (sp.frequency_penalty != 0.0 or sp.presence_penalty != 0.0
             or sp.repetition_penalty != 1.0 or sp.min_new_tokens > 0)
@@ -59,12 +59,17 @@ class VerifyLogits:
         earlier output (a retracted request) plus the token the extend sampled,
         unless the extend was an unfinished chunk (its token is discarded)."""
         if self.outputs is None:
-            if not any(_penalized(req) for req in batch.reqs):
+            if not any(penalized(req) for req in batch.reqs):
                 return
             self.outputs = OutputCounts(self.num_slots, self.vocab_size, self.device)
         slots = batch.req_pool_indices.to(torch.int64)
         self.outputs.reset(slots, [list(req.output_ids) for req in batch.reqs])
-        done = torch.tensor([req.inflight_middle_chunks == 0 for req in batch.reqs],
+        # An unfinished chunk's extend ends before the request's fill ids. Not
+        # `inflight_middle_chunks == 0`: under the overlap scheduler that count
+        # drops when the previous chunk's result is processed, which is after the
+        # final chunk has run, so the final chunk's token went uncounted.
+        done = torch.tensor([start + n >= len(req.full_untruncated_fill_ids) for req, start, n
+                             in zip(batch.reqs, batch.prefix_lens, batch.extend_lens)],
                             device=self.device)
         self.outputs.add(slots, next_token_ids.view(-1, 1).to(torch.int64), done.view(-1, 1))
 
@@ -88,7 +93,7 @@ class VerifyLogits:
         bs, rows = verify_ids.shape
         info = batch.sampling_info
         view = logits.view(bs, rows, -1)
-        if self.outputs is not None and any(_penalized(req) for req in batch.reqs):
+        if self.outputs is not None and any(penalized(req) for req in batch.reqs):
             slots = batch.req_pool_indices.to(torch.int64)
             apply_block_penalties(view, verify_ids[:, 1:], self.outputs.counts[slots],
                                   self.outputs.lengths[slots], self._params(batch.reqs))

@@ -390,7 +390,7 @@ class DFlashWorker(BaseSpecWorker):
         out.next_draft_input = make_draft_input_v2(
             bonus_tokens=out.next_token_ids, new_seq_lens=batch.seq_lens
         )
-        self.stats.time_prefill(time.perf_counter() - start)
+        self.stats.time_prefill(time.perf_counter() - start, len(batch.decoding_reqs or ()))
         return out
 
     def _decode(self, batch, on_publish, grammar_barrier=None):
