@@ -44,7 +44,6 @@ def _ignore_pin_memory(factory):
         kwargs.pop("pin_memory", None)
         return factory(*args, **kwargs)
 
-    call.sglang_dflash_unpinned = True
     return call
 
 
