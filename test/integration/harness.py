@@ -53,6 +53,11 @@ def dflash_args(drafter: str) -> dict:
     return dict(speculative_algorithm="DFLASH", speculative_draft_model_path=PATHS[drafter])
 
 
+def output_ids(run: dict) -> list[list[int]]:
+    """Each request's output token ids in one run of `run_engine`, in request order."""
+    return [r["output_ids"] for r in run["results"]]
+
+
 def run_engine(engine_kwargs: dict, runs: list[dict], timeout: int = 2400, with_state: bool = False):
     """Start one engine in a subprocess, execute `runs`, return {name: run}
     (and the server's dflash state after the runs, with `with_state`)."""

@@ -10,7 +10,7 @@ runs at the same group sizes, so any difference is the speculative path's.
 
 import pytest
 
-from harness import chat_prompts, dflash_args, run_engine
+from harness import chat_prompts, dflash_args, output_ids, run_engine
 
 NUM_PROMPTS = 32
 BATCH_SIZES = (1, 4, 16)
@@ -34,13 +34,9 @@ def plain(prompts):
     return run_engine({}, _runs(prompts))
 
 
-def _ids(run):
-    return [r["output_ids"] for r in run["results"]]
-
-
 def _check_identical(plain, spec):
     for name in spec:
-        want, got = _ids(plain[name]), _ids(spec[name])
+        want, got = output_ids(plain[name]), output_ids(spec[name])
         assert len(got) == len(want) == NUM_PROMPTS
         for i, (w, g) in enumerate(zip(want, got)):
             assert g == w, f"{name} prompt {i}: DFLASH output differs from plain decoding"
@@ -97,7 +93,7 @@ def test_demo_pair_greedy_identical_and_speculates():
         spec, state = run_engine({**dflash, "disable_overlap_schedule": not overlap}, runs, with_state=True)
         assert state["overlap_schedule"] is overlap
         for name in plain:
-            assert _ids(spec[name]) == _ids(plain[name]), (
+            assert output_ids(spec[name]) == output_ids(plain[name]), (
                 f"{name} (overlap {overlap}): demo pair output differs from plain")
             lengths = _accept_lengths(spec[name])
             mean = sum(lengths) / len(lengths)

@@ -4,13 +4,9 @@ greedy DFLASH output equals plain decoding under the same engine settings."""
 
 import pytest
 
-from harness import chat_prompts, dflash_args, run_engine
+from harness import chat_prompts, dflash_args, output_ids, run_engine
 
 GREEDY = {"max_new_tokens": 48, "temperature": 0.0}
-
-
-def _ids(run):
-    return [r["output_ids"] for r in run["results"]]
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +27,7 @@ def test_chunked_prefill_and_radix_hits(prompts):
     plain = run_engine(settings, runs)
     spec = run_engine({**settings, **dflash_args("drafter-trained")}, runs)
     for name in plain:
-        assert _ids(spec[name]) == _ids(plain[name]), name
+        assert output_ids(spec[name]) == output_ids(plain[name]), name
     cached = sum(r["meta_info"]["cached_tokens"] or 0 for r in spec["again"]["results"])
     assert cached > 0, "the second pass should hit the radix cache"
 
@@ -64,7 +60,7 @@ def test_mixed_chunked_prefill(prompts, monkeypatch, overlap, policy):
     plain = run_engine({**settings, "disable_overlap_schedule": True}, runs)
     spec, state = run_engine({**settings, **dflash_args("drafter-trained")}, runs, with_state=True)
     for name in plain:
-        for i, (want, got) in enumerate(zip(_ids(plain[name]), _ids(spec[name]))):
+        for i, (want, got) in enumerate(zip(output_ids(plain[name]), output_ids(spec[name]))):
             assert got == want, f"{name} request {i}"
     assert state["mixed_prefills"] > 2 and state["mixed_decode_rows"] > 10, state
     assert state["steps"] > 0
@@ -89,6 +85,6 @@ def test_retraction_under_kv_pressure():
     settings = dict(max_total_tokens=600, max_running_requests=12, schedule_conservativeness=0.01)
     plain = run_engine(settings, runs)
     spec = run_engine({**settings, **dflash_args("drafter-trained")}, runs)
-    assert _ids(spec["all"]) == _ids(plain["all"])
+    assert output_ids(spec["all"]) == output_ids(plain["all"])
     retractions = sum(r["meta_info"]["num_retractions"] or 0 for r in spec["all"]["results"])
     assert retractions > 0, "the setting no longer forces a retraction; shrink max_total_tokens"

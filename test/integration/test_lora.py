@@ -23,10 +23,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from harness import PATHS, chat_prompts, dflash_args, run_engine
+from harness import PATHS, chat_prompts, dflash_args, output_ids, run_engine
 
 RANK = 8
-LAYER_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def make_adapter(path: str, seed: int, with_embedding: bool = False) -> str:
@@ -50,7 +49,7 @@ def make_adapter(path: str, seed: int, with_embedding: bool = False) -> str:
             prefix = f"base_model.model.model.layers.{layer}.{block}.{name}"
             tensors[prefix + ".lora_A.weight"] = rand(RANK, fan_in)
             tensors[prefix + ".lora_B.weight"] = rand(fan_out, RANK)
-    modules = list(LAYER_MODULES)
+    modules = list(shapes)
     if with_embedding:
         tensors["base_model.model.model.embed_tokens.lora_embedding_A"] = rand(RANK, vocab)
         tensors["base_model.model.model.embed_tokens.lora_embedding_B"] = rand(hidden, RANK)
@@ -83,13 +82,9 @@ def setup(tmp_path_factory):
     return {"engine": engine, "runs": runs, "plain": run_engine(engine, runs)}
 
 
-def _outputs(run):
-    return [r["output_ids"] for r in run["results"]]
-
-
 def test_adapters_change_the_plain_output(setup):
     """Else identity with plain would not show that the adapters are applied."""
-    out = _outputs(setup["plain"]["mixed"])
+    out = output_ids(setup["plain"]["mixed"])
     for prompt in range(4):
         base, layers, embedding = out[3 * prompt: 3 * prompt + 3]
         assert base != layers and base != embedding and layers != embedding, prompt
@@ -103,7 +98,7 @@ def test_lora_greedy_identical_to_plain_lora(setup, monkeypatch, policy, width):
     spec, state = run_engine({**setup["engine"], **dflash_args("drafter-trained")}, setup["runs"],
                              with_state=True)
     for name in ("mixed", "late"):
-        want, got = _outputs(setup["plain"][name]), _outputs(spec[name])
+        want, got = output_ids(setup["plain"][name]), output_ids(spec[name])
         for i, (w, g) in enumerate(zip(want, got)):
             assert g == w, f"{name} request {i}: {g} != plain {w}"
     by_width = state["steps_by_width"]
@@ -120,6 +115,6 @@ def test_lora_under_tp2_identical_to_plain_lora(setup):
     on this target)."""
     spec = run_engine({**setup["engine"], **dflash_args("drafter-trained"), "tp_size": 2},
                       setup["runs"][:1])
-    want, got = _outputs(setup["plain"]["mixed"]), _outputs(spec["mixed"])
+    want, got = output_ids(setup["plain"]["mixed"]), output_ids(spec["mixed"])
     for i, (w, g) in enumerate(zip(want, got)):
         assert g == w, f"request {i}: {g} != plain {w}"
