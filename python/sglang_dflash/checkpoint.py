@@ -134,6 +134,49 @@ def load_state_strict(model: DFlashDrafter, weights, *, origin: str) -> None:
     model.load_state_dict(_without(state, ignored), strict=True)
 
 
+def update_weights_in_place(model: DFlashDrafter, weights, *, origin: str, shared: bool) -> int:
+    """A live weight update: copy `(name, tensor)` pairs into `model`'s own
+    tensors in place (captured graphs and anything else holding them keep
+    pointing at the same storage). Returns the number of tensors copied.
+
+    Every pair is checked (shape, float dtype, finite values, no name twice)
+    before any is copied, so a refused update leaves the drafter as it was.
+    `shared` is an update whose tensors also go to the target (SGLang's weight
+    selector "all"): only names exactly as published are the drafter's, and
+    the rest (the target's `model.*` and `lm_head.*`) are left to the target.
+    Otherwise (selector "draft") every tensor is the drafter's: the `model.`
+    alias is allowed and a name the drafter lacks is refused.
+
+    Raises:
+        ValueError("drafter weight update from <origin> refused: ...").
+    """
+    own = model.state_dict()  # name -> tensor sharing the parameter's storage
+    picked: dict[str, torch.Tensor] = {}
+    unknown: list[str] = []
+    try:
+        for raw, tensor in weights:
+            if shared:
+                if raw in own:
+                    _add_weight(picked, raw, tensor, where="")
+                continue
+            name = _NAME_ALIASES.get(raw.removeprefix(_ALIAS_PREFIX), raw.removeprefix(_ALIAS_PREFIX))
+            if name in own:
+                _add_weight(picked, raw, tensor, where="")
+            else:
+                unknown.append(raw)
+    except _CheckpointError as exc:
+        raise ValueError(f"drafter weight update from {origin} refused: {exc}") from None
+    problems = [f"the drafter has no weights {sorted(unknown)}"] if unknown else []
+    for name, tensor in picked.items():
+        problems += _tensor_problems(name, tensor, tuple(own[name].shape))
+    if problems:
+        raise ValueError(f"drafter weight update from {origin} refused: " + "; ".join(problems))
+    with torch.no_grad():
+        for name, tensor in picked.items():
+            own[name].copy_(tensor)
+    return len(picked)
+
+
 def mask_embedding_for(drafter: DFlashDrafter, mask_token_id: int) -> torch.Tensor | None:
     """The trained embedding to write over the target's row `mask_token_id`, or None.
 

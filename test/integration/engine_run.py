@@ -7,7 +7,12 @@ before SGLang is imported, and the engine spawns processes):
 
 SPEC: {"engine": {sgl.Engine kwargs}, "runs": [{"name", "prompts" | "input_ids",
 "batch_size", "sampling_params"[, "lora_path": one per prompt][, "load_lora": {name: path},
-loaded into the engine before the run]}]}. OUT also holds the server's dflash state
+loaded into the engine before the run][, "weights": [weight op, ...], applied before the run,
+their (success, message) recorded]}]}. A weight op is {"op": "disk", "path"} (the engine's
+update_weights_from_disk) or {"op": "tensor", "path" | None, "selector"[, "extra": {name: shape}]}
+(every tensor of the checkpoint at `path`, if any, plus zero tensors `extra`, through
+update_weights_from_tensor inside begin / end_weight_update with that selector) or
+{"op": "check", "selector"} (check_weights' checksums, one {name: hash} per rank). OUT also holds the server's dflash state
 after the last run (`/get_server_info`'s internal_states[0]["dflash"]). Each run submits its prompts in groups of
 `batch_size` (one `generate` call per group, so the decode batch holds up to
 that many requests) and records output ids and meta_info per prompt.
@@ -18,7 +23,59 @@ import sys
 import time
 
 
+def _checkpoint_tensors(path, extra):
+    import glob
+    import os
+
+    import torch
+    from safetensors.torch import load_file
+
+    named = []
+    for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))) if path else []:
+        named += sorted(load_file(file).items())
+    return named + [(name, torch.zeros(shape)) for name, shape in extra.items()]
+
+
+def _wait_idle(engine, timeout=60.0):
+    """Until the scheduler has dropped the last run's finished requests (it does
+    so on its next iteration; a weight update that arrives first has its cache
+    flush refused, as SGLang's message says). A successful flush means idle."""
+    deadline = time.time() + timeout
+    while not engine.flush_cache().success:
+        if time.time() > deadline:
+            raise TimeoutError("the engine did not become idle")
+        time.sleep(0.05)
+
+
+def _weight_op(engine, op):
+    _wait_idle(engine)
+    if op["op"] == "check":
+        from sglang.srt.managers.io_struct import CheckWeightsReqInput
+
+        obj = CheckWeightsReqInput(action="checksum", selector=op["selector"])
+        success, message, ranks, _ = engine.loop.run_until_complete(engine.tokenizer_manager.check_weights(obj))
+        return [success, message, [r["checksums"] for r in ranks or []]]
+    if op["op"] == "disk":
+        success, message, _ = engine.update_weights_from_disk(op["path"])
+        return [success, message]
+    # Engine.update_weights_from_tensor has no selector; the request type does.
+    from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
+
+    named = _checkpoint_tensors(op["path"], op.get("extra", {}))
+    engine.begin_weight_update(selector=op["selector"])
+    try:
+        obj = UpdateWeightsFromTensorReqInput(
+            serialized_named_tensors=engine._serialize_tensors_per_rank(named, None),
+            flush_cache=True, selector=op["selector"])
+        success, message = engine.loop.run_until_complete(
+            engine.tokenizer_manager.update_weights_from_tensor(obj, None))
+    finally:
+        engine.end_weight_update()
+    return [success, message]
+
+
 def _run(engine, run):
+    weights = [_weight_op(engine, op) for op in run.get("weights", [])]
     items = run.get("input_ids") or run["prompts"]
     key = "input_ids" if "input_ids" in run else "prompt"
     bs = int(run["batch_size"])
@@ -42,7 +99,7 @@ def _run(engine, run):
                     },
                 }
             )
-    return {"name": run["name"], "seconds": time.time() - t0, "results": results}
+    return {"name": run["name"], "seconds": time.time() - t0, "results": results, "weights": weights}
 
 
 def main():

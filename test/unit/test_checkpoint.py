@@ -18,6 +18,7 @@ from sglang_dflash.checkpoint import (  # noqa: E402
     load_state_strict,
     mask_embedding_for,
     save_drafter,
+    update_weights_in_place,
 )
 from sglang_dflash.config import parse_drafter_config  # noqa: E402
 from sglang_dflash.model import DFlashDrafter  # noqa: E402
@@ -324,3 +325,67 @@ def test_bundled_tiny_drafters_load(name, version):
                          target_num_layers=target["num_hidden_layers"])
     assert model.cfg.version == version and model.cfg.block_size == 8
     assert model.cfg.mask_token_id is not None
+
+
+# ---- live weight updates (update_weights_in_place) -----------------------------------
+
+
+def _pair_models(version=2):
+    """Two drafters of one config with different weights: (live, source)."""
+    raw = cfg_dict(version)
+    models = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        models.append(DFlashDrafter(parse_drafter_config(raw)).eval())
+    return models
+
+
+def _states_equal(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_update_in_place_selector_draft(version):
+    """Every tensor is the drafter's; the `model.` alias is allowed; storage is
+    kept (captured graphs keep reading the parameters they captured)."""
+    live, source = _pair_models(version)
+    storage = {n: p.data_ptr() for n, p in live.named_parameters()}
+    pairs = [(("model." + n) if i % 2 else n, t.clone()) for i, (n, t) in enumerate(source.state_dict().items())]
+    assert update_weights_in_place(live, pairs, origin="test", shared=False) == len(pairs)
+    assert _states_equal(live, source)
+    assert storage == {n: p.data_ptr() for n, p in live.named_parameters()}
+
+
+def test_update_in_place_shared_takes_only_exact_drafter_names():
+    """Selector "all": the target's tensors ride along; `model.layers.0...` is the
+    target's layer 0 (same shape as the drafter's) and must not be loaded."""
+    live, source = _pair_models()
+    before = {k: v.clone() for k, v in live.state_dict().items()}
+    name, tensor = next(iter(source.state_dict().items()))
+    target_side = [("model." + n, t.clone()) for n, t in source.state_dict().items()]
+    target_side += [("lm_head.weight", torch.zeros(96, 32)), ("model.embed_tokens.weight", torch.zeros(96, 32))]
+    assert update_weights_in_place(live, target_side, origin="test", shared=True) == 0
+    assert all(torch.equal(before[k], v) for k, v in live.state_dict().items())
+    assert update_weights_in_place(live, target_side + [(name, tensor)], origin="test", shared=True) == 1
+    assert torch.equal(live.state_dict()[name], tensor)
+
+
+@pytest.mark.parametrize("bad, words", [
+    (lambda n, t: [("layers.9.mlp.up_proj.weight", t)], "the drafter has no weights ['layers.9.mlp.up_proj.weight']"),
+    (lambda n, t: [(n, t[:1])], "has shape"),
+    (lambda n, t: [(n, torch.full_like(t, float("nan")))], "non-finite"),
+    (lambda n, t: [(n, t.long())], "float dtype"),
+    (lambda n, t: [(n, t), ("model." + n, t)], "more than once"),
+])
+def test_update_in_place_refusals_change_nothing(bad, words):
+    """A refused update names its fault and leaves every weight as it was, even
+    the valid tensors sent with the bad one."""
+    live, source = _pair_models()
+    before = {k: v.clone() for k, v in live.state_dict().items()}
+    good = list(source.state_dict().items())
+    name, tensor = good[-1]
+    with pytest.raises(ValueError, match="drafter weight update from test refused") as info:
+        update_weights_in_place(live, good[:-1] + bad(name, tensor.clone()), origin="test", shared=False)
+    assert words in str(info.value)
+    assert all(torch.equal(before[k], v) for k, v in live.state_dict().items())

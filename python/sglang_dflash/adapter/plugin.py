@@ -127,6 +127,10 @@ def register() -> None:
 
     HookRegistry.register(mixed_chunk.MIX_TARGET, mixed_chunk.no_mixing_with_stateful_requests,
                           HookType.AROUND)
+    from sglang_dflash.adapter import drafter_weights
+
+    HookRegistry.register(drafter_weights.SELECT_TARGET, drafter_weights.bind_drafter_runner,
+                          HookType.AROUND)
     from sglang_dflash.adapter import metrics
 
     HookRegistry.register(metrics.METRICS_TARGET, metrics.rescale_window_accept_rate, HookType.BEFORE)

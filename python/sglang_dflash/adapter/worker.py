@@ -147,6 +147,7 @@ class DFlashWorker(BaseSpecWorker):
         self._merge_mask_embedding()
         self.head = vocab_head(unwrap_lora_layer(target.lm_head),
                                int(self.model_runner.model_config.vocab_size), self.tp)
+        self._weight_checker = None  # drafter_weight_checker
         self.context: DraftContext | None = None  # drafter context K/V (alloc_memory_pool)
         self.verify_logits: VerifyLogits | None = None  # penalties, grammar, bias (alloc_memory_pool)
         # Draws for the selector walk and the accept tests; independent of the
@@ -199,7 +200,8 @@ class DFlashWorker(BaseSpecWorker):
     def _merge_mask_embedding(self):
         """A trained mask embedding (`mask_embedding.pt`) replaces the target
         embedding's mask row, as upstream does: the block's MASK inputs are
-        embedded through the target's table."""
+        embedded through the target's table. Written again after every weight
+        update that reaches the target (`restore_mask_embedding`)."""
         emb = mask_embedding_for(self.drafter, self.mask_token_id)  # raises on an id mismatch
         if emb is None:
             return
@@ -209,6 +211,28 @@ class DFlashWorker(BaseSpecWorker):
             return
         with torch.no_grad():
             embed_tokens.weight[row].copy_(emb.to(embed_tokens.weight.dtype))
+
+    # ---- weight operations (drafter_weights.py) ----------------------------------
+
+    def weight_update_runners(self):
+        """The drafter as SGLang's "draft" runner; `drafter_weights.bind_drafter_runner`
+        rebinds it to each operation's selector."""
+        from sglang_dflash.adapter.drafter_weights import DrafterWeightRunner
+
+        return [("draft", DrafterWeightRunner(self, draft=True, target=False))]
+
+    def restore_mask_embedding(self) -> None:
+        """The target's new weights replaced its embedding's mask row."""
+        self._merge_mask_embedding()
+
+    def drafter_weight_checker(self):
+        """SGLang's WeightChecker over the drafter (one per worker: a snapshot
+        is compared by a later call)."""
+        if self._weight_checker is None:
+            from sglang.srt.utils.weight_checker import WeightChecker
+
+            self._weight_checker = WeightChecker(get_model=lambda: self.drafter)
+        return self._weight_checker
 
     def _verify_widths(self) -> tuple[int, ...]:
         """The widths the target's attention backend verifies losslessly
