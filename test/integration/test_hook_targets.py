@@ -12,9 +12,9 @@ import pkgutil
 from sglang_dflash import cpu_runtime
 if not cpu_runtime.cuda_available():
     cpu_runtime.activate()
-from sglang_dflash.adapter import cpu_lora, cpu_parallel, drafter_weights, metrics, mixed_chunk, plugin
+from sglang_dflash.adapter import cpu_lora, cpu_parallel, drafter_weights, metrics, mixed_chunk, plugin, sessions
 targets = [v for k, v in vars(plugin).items() if k.endswith("_TARGET")]
-for module in (cpu_lora, cpu_parallel, drafter_weights, metrics, mixed_chunk):
+for module in (cpu_lora, cpu_parallel, drafter_weights, metrics, mixed_chunk, sessions):
     targets += [v for k, v in vars(module).items() if k.endswith("_TARGET")]
 for t in targets:
     pkgutil.resolve_name(t)
@@ -26,7 +26,7 @@ def test_every_hook_target_resolves():
     env = None if cpu_runtime.cuda_available() else cpu_runtime.cpu_env(dict(__import__("os").environ))
     proc = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert int(proc.stdout.split()[-1]) >= 14
+    assert int(proc.stdout.split()[-1]) >= 15
 
 
 REGISTRY = """

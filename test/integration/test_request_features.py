@@ -1,6 +1,6 @@
 """Request features under DFLASH against the same server without speculation (the
 oracle): penalties, min_new_tokens, logit bias, logprobs (native and OpenAI),
-structured output (regex, JSON schema, EBNF, json_object), and a mixed batch.
+structured output (regex, JSON schema, EBNF, json_object), sessions, and a mixed batch.
 The demo pair, so drafts are often accepted and every verified position matters.
 
 The plain oracle runs without the overlap scheduler: there SGLang counts every
@@ -65,7 +65,7 @@ def _gen(server, text, timeout=300, **params):
 
 
 _TOP_LEVEL = {"return_logprob", "top_logprobs_num", "token_ids_logprob", "logprob_start_len", "input_ids",
-              "return_sampling_mask", "custom_logit_processor", "return_hidden_states"}
+              "return_sampling_mask", "custom_logit_processor", "return_hidden_states", "session_params"}
 
 PENALTIES = [
     {"frequency_penalty": 0.5},
@@ -331,3 +331,28 @@ def test_off_path_request_features_equal_plain(servers, monkeypatch):
         assert state["steps_by_width"][0] == state["steps"] > 0, state  # every decode step ran W = 0
     finally:
         off.stop()
+
+
+def _session_turns(server):
+    """Three turns in one session (each continues the last), then a branch off the
+    first turn; returns each turn's output ids."""
+    sid = requests.post(server.url + "/open_session", json={"capacity_of_str_len": 100000}, timeout=60).json()
+    outs, rids = [], []
+    for prompt, parent in [(PROMPTS[0], None), (PROMPTS[1], -1), (PROMPTS[2], -1), (PROMPTS[2], 0)]:
+        rid = None if parent is None else rids[parent]
+        out = _gen(server, prompt, session_params={"id": sid, "rid": rid})
+        rids.append(out["meta_info"]["id"])
+        outs.append(out["output_ids"])
+    assert requests.post(server.url + "/close_session", json={"session_id": sid}, timeout=60).status_code == 200
+    return outs
+
+
+def test_session_turns_identical_to_plain(servers):
+    """Sessions (/open_session, `session_params`): a turn continues the session's
+    cached context, a branch restarts from an earlier turn's; under DFLASH the
+    drafter's context rows of that cached context are reused too."""
+    plain, dflash = servers
+    want = _session_turns(plain)
+    alone = [_gen(plain, prompt)["output_ids"] for prompt in (PROMPTS[1], PROMPTS[2])]
+    assert [want[1], want[2]] != alone  # the session's context changes the turns
+    assert _session_turns(dflash) == want

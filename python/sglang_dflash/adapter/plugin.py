@@ -131,6 +131,9 @@ def register() -> None:
 
     HookRegistry.register(drafter_weights.SELECT_TARGET, drafter_weights.bind_drafter_runner,
                           HookType.AROUND)
+    from sglang_dflash.adapter import sessions
+
+    HookRegistry.register(sessions.CREATE_TARGET, sessions.trim_finished_turns, HookType.BEFORE)
     from sglang_dflash.adapter import metrics
 
     HookRegistry.register(metrics.METRICS_TARGET, metrics.rescale_window_accept_rate, HookType.BEFORE)
