@@ -11,6 +11,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "python"))
 
 
+def pytest_configure(config):
+    """The slowest tests at the end of every run (CI keeps its log): where CI time goes."""
+    if not config.option.durations:
+        config.option.durations = 15
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch
