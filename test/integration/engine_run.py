@@ -9,7 +9,7 @@ SPEC: {"engine": {sgl.Engine kwargs}, "runs": [{"name", "prompts" | "input_ids",
 "batch_size", "sampling_params"[, "lora_path": one per prompt][, "load_lora": {name: path},
 loaded into the engine before the run][, "weights": [weight op, ...], applied before the run,
 their (success, message) recorded]}]}. A weight op is {"op": "disk", "path"} (the engine's
-update_weights_from_disk) or {"op": "tensor", "path" | None, "selector"[, "extra": {name: shape}]}
+update_weights_from_disk) or {"op": "tensor", "path" | None, "selector"[, "extra": {name: shape}][, "load_format"]}
 (every tensor of the checkpoint at `path`, if any, plus zero tensors `extra`, through
 update_weights_from_tensor inside begin / end_weight_update with that selector) or
 {"op": "check", "selector"} (check_weights' checksums, one {name: hash} per rank). OUT also holds the server's dflash state
@@ -62,11 +62,21 @@ def _weight_op(engine, op):
     from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
 
     named = _checkpoint_tensors(op["path"], op.get("extra", {}))
+    load_format = op.get("load_format")
+    if load_format == "flattened_bucket":  # one flat tensor and its metadata, as RL trainers send
+        from sglang.srt.utils.common import MultiprocessingSerializer
+        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+
+        bucket = FlattenedTensorBucket(named_tensors=named)
+        payload = MultiprocessingSerializer.serialize(
+            {"flattened_tensor": bucket.get_flattened_tensor(), "metadata": bucket.get_metadata()})
+        serialized = [payload] * engine.server_args.tp_size
+    else:
+        serialized = engine._serialize_tensors_per_rank(named, None)
     engine.begin_weight_update(selector=op["selector"])
     try:
-        obj = UpdateWeightsFromTensorReqInput(
-            serialized_named_tensors=engine._serialize_tensors_per_rank(named, None),
-            flush_cache=True, selector=op["selector"])
+        obj = UpdateWeightsFromTensorReqInput(serialized_named_tensors=serialized, load_format=load_format,
+                                              flush_cache=True, selector=op["selector"])
         success, message = engine.loop.run_until_complete(
             engine.tokenizer_manager.update_weights_from_tensor(obj, None))
     finally:

@@ -69,6 +69,7 @@ def _verify_counts(run):
 def engines(ckpt):
     checksums = {"op": "check", "selector": "draft"}
     to_trained = {"op": "tensor", "path": ckpt["trained"], "selector": "draft"}
+    to_trained_bucket = {**to_trained, "load_format": "flattened_bucket"}
     to_target2 = {"op": "disk", "path": ckpt["target2"]}
     target2_tensors = {"op": "tensor", "path": ckpt["target2"], "selector": "all"}
     live = run_engine({"speculative_algorithm": "DFLASH", "speculative_draft_model_path": ckpt["random"]}, [
@@ -76,7 +77,7 @@ def engines(ckpt):
         _gen("bad_name", {**to_trained, "extra": {"layers.7.mlp.gate_proj.weight": [128, 64]}}),
         _gen("bad_shape", {"op": "tensor", "path": None, "selector": "draft", "extra": {"fc.weight": [3, 3]}}),
         _gen("disk", to_target2),
-        _gen("draft", to_trained, checksums),
+        _gen("draft", to_trained_bucket, checksums),
         _gen("all", target2_tensors),
     ])
     fresh = {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": ckpt["trained"],
