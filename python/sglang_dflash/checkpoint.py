@@ -159,8 +159,7 @@ def update_weights_in_place(model: DFlashDrafter, weights, *, origin: str, share
                 if raw in own:
                     _add_weight(picked, raw, tensor, where="")
                 continue
-            name = _NAME_ALIASES.get(raw.removeprefix(_ALIAS_PREFIX), raw.removeprefix(_ALIAS_PREFIX))
-            if name in own:
+            if _canonical_name(raw) in own:
                 _add_weight(picked, raw, tensor, where="")
             else:
                 unknown.append(raw)
@@ -216,9 +215,14 @@ def _read_weights(root: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _add_weight(state: dict, raw: str, tensor: torch.Tensor, where: str) -> None:
+def _canonical_name(raw: str) -> str:
+    """A tensor's published name: without the `model.` alias, native-export aliases resolved."""
     name = raw.removeprefix(_ALIAS_PREFIX)
-    name = _NAME_ALIASES.get(name, name)
+    return _NAME_ALIASES.get(name, name)
+
+
+def _add_weight(state: dict, raw: str, tensor: torch.Tensor, where: str) -> None:
+    name = _canonical_name(raw)
     if name in state:
         raise _CheckpointError(f"weight {name!r} appears more than once (again as {raw!r}{where})")
     state[name] = tensor

@@ -105,7 +105,7 @@ class DrafterWeightRunner:
         """Success; SGLang reports the last runner's message, so it says what
         happened to both."""
         if self.target:
-            self.worker.restore_mask_embedding()
+            self.worker.merge_mask_embedding()
         if count:
             logger.info("sglang-dflash: %s", note)
         return True, f"Succeeded to update model weights ({note})."
@@ -115,7 +115,7 @@ class DrafterWeightRunner:
     def check_weights(self, action, allow_quant_error=False, skip_tensor_list=None, *, role):
         if not self.draft:
             return None
-        return self.worker.drafter_weight_checker().handle(
+        return self.worker.drafter_weight_checker.handle(
             action, allow_quant_error=allow_quant_error, skip_tensor_list=skip_tensor_list, role=role)
 
 
@@ -127,12 +127,10 @@ def _local_tensor(tensor, rank: int):
 
 
 def _reconstruct_bucket(bucket: dict):
-    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket, FlattenedTensorMetadata
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
 
-    metadata = [FlattenedTensorMetadata(name=m.name, shape=m.shape, dtype=m.dtype, start_idx=m.start_idx,
-                                        end_idx=m.end_idx, numel=m.numel) for m in bucket["metadata"]]
     return FlattenedTensorBucket(flattened_tensor=bucket["flattened_tensor"],
-                                 metadata=metadata).reconstruct_tensors()
+                                 metadata=bucket["metadata"]).reconstruct_tensors()
 
 
 def bind_drafter_runner(original, manager, *args, **kwargs):

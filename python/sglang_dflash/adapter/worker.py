@@ -45,6 +45,7 @@ from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.speculative.spec_sampling_mask import SpeculativeSamplingMaskCapture
 from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
+from sglang.srt.utils.weight_checker import WeightChecker
 
 from sglang_dflash import ops
 from sglang_dflash.checkpoint import load_drafter, mask_embedding_for
@@ -144,10 +145,12 @@ class DFlashWorker(BaseSpecWorker):
         self.mask_token_id = resolve_mask_token_id(
             self.drafter.cfg, getattr(target_worker, "tokenizer", None),
             int(self.model_runner.model_config.vocab_size))
-        self._merge_mask_embedding()
+        self.merge_mask_embedding()
         self.head = vocab_head(unwrap_lora_layer(target.lm_head),
                                int(self.model_runner.model_config.vocab_size), self.tp)
-        self._weight_checker = None  # drafter_weight_checker
+        # check_weights on the drafter (drafter_weights.py); one per worker, since
+        # a snapshot is compared by a later call.
+        self.drafter_weight_checker = WeightChecker(get_model=lambda: self.drafter)
         self.context: DraftContext | None = None  # drafter context K/V (alloc_memory_pool)
         self.verify_logits: VerifyLogits | None = None  # penalties, grammar, bias (alloc_memory_pool)
         # Draws for the selector walk and the accept tests; independent of the
@@ -197,11 +200,11 @@ class DFlashWorker(BaseSpecWorker):
         )
         return drafter.to(self.device).eval()
 
-    def _merge_mask_embedding(self):
+    def merge_mask_embedding(self):
         """A trained mask embedding (`mask_embedding.pt`) replaces the target
         embedding's mask row, as upstream does: the block's MASK inputs are
         embedded through the target's table. Written again after every weight
-        update that reaches the target (`restore_mask_embedding`)."""
+        update that reaches the target (drafter_weights.py)."""
         emb = mask_embedding_for(self.drafter, self.mask_token_id)  # raises on an id mismatch
         if emb is None:
             return
@@ -220,19 +223,6 @@ class DFlashWorker(BaseSpecWorker):
         from sglang_dflash.adapter.drafter_weights import DrafterWeightRunner
 
         return [("draft", DrafterWeightRunner(self, draft=True, target=False))]
-
-    def restore_mask_embedding(self) -> None:
-        """The target's new weights replaced its embedding's mask row."""
-        self._merge_mask_embedding()
-
-    def drafter_weight_checker(self):
-        """SGLang's WeightChecker over the drafter (one per worker: a snapshot
-        is compared by a later call)."""
-        if self._weight_checker is None:
-            from sglang.srt.utils.weight_checker import WeightChecker
-
-            self._weight_checker = WeightChecker(get_model=lambda: self.drafter)
-        return self._weight_checker
 
     def _verify_widths(self) -> tuple[int, ...]:
         """The widths the target's attention backend verifies losslessly
