@@ -1,0 +1,116 @@
+"""benchmark/sampling_power.py: the sampling tests' statistic and its exact power model."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmark"))
+from sampling_power import (  # noqa: E402
+    continuation_distribution,
+    feature_probs,
+    filtered_probs,
+    goodness_of_fit_p,
+    homogeneity_p,
+    load_target,
+    sampled_features,
+    simulated_power,
+)
+
+
+def test_filtered_probs_cuts_rank_and_tail_then_renormalises():
+    # softmax of log [0.5, 0.3, 0.15, 0.05] at T = 1 is the same list
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    p = filtered_probs(logits, 1.0, top_k=3, top_p=0.7)
+    # top-p keeps a token while the mass before it is <= 0.7: 0.5 and 0.3, not 0.15
+    assert torch.allclose(p, torch.tensor([[0.625, 0.375, 0.0, 0.0]], dtype=torch.float64))
+    p = filtered_probs(logits, 1.0, top_k=1, top_p=1.0)
+    assert p.tolist() == [[1.0, 0.0, 0.0, 0.0]]
+    hot = filtered_probs(logits, 0.5, top_k=4, top_p=1.0)  # T < 1 sharpens
+    assert hot[0, 0] > 0.5 and torch.isclose(hot.sum(), torch.tensor(1.0, dtype=torch.float64))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from sglang_dflash.demo import tiny_paths
+
+    model, tok, stops = load_target(tiny_paths()["target"])
+    return model, tok("one two three", add_special_tokens=False)["input_ids"], stops
+
+
+def test_continuation_distribution_equals_brute_force(tiny):
+    """The shared-cache enumeration against a full forward per path, to depth 3."""
+    model, ids, stops = tiny
+    kw = dict(temperature=0.7, top_k=4, top_p=0.9)
+    paths, mass = continuation_distribution(model, ids, stops, depth=3, chunk=5, **kw)
+    assert torch.isclose(mass.sum(), torch.tensor(1.0, dtype=torch.float64))
+    got = dict(zip(map(tuple, paths.tolist()), mass.tolist()))
+    with torch.no_grad():
+        frontier = {(): 1.0}
+        for step in range(3):
+            nxt = {}
+            for path, m in frontier.items():
+                logits = model(torch.tensor([ids + list(path)])).logits[:, -1]
+                probs = filtered_probs(logits, **kw)[0]
+                for t in probs.nonzero().flatten().tolist():
+                    if t in stops and step < 2:
+                        continue
+                    nxt[path + (t,)] = m * probs[t].item()
+            frontier = nxt
+    total = sum(frontier.values())
+    want = {p: m / total for p, m in frontier.items()}
+    assert got.keys() == want.keys()
+    assert max(abs(got[k] - want[k]) for k in want) < 1e-6
+
+
+def test_homogeneity_p_separates_equal_from_different_samples():
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(0, 20, 5000).tolist(), rng.integers(0, 20, 5000).tolist()
+    assert homogeneity_p(a, b) > 1e-3
+    c = rng.integers(0, 10, 5000).tolist()  # half the categories
+    assert homogeneity_p(a, c) < 1e-10
+    assert homogeneity_p([1] * 50, [1] * 50) == 1.0  # one category: nothing to test
+    # categories with fewer than 10 pooled observations are merged, not dropped
+    rare = list(range(100, 200))
+    assert homogeneity_p(a + rare, b) < 1e-3 < homogeneity_p(a + rare, b + list(range(200, 300)))
+
+
+def test_sampled_features_drop_short_outputs():
+    f = sampled_features([[1, 2, 3, 4], [5, 6], [7, 8, 9, 10, 11]])
+    assert f == {"token2": [2, 8], "token3": [3, 9], "token4": [4, 10], "pair23": [(2, 3), (8, 9)]}
+
+
+def test_simulated_power_of_known_cases():
+    paths = torch.tensor([[0, a, b, c] for a in range(4) for b in range(4) for c in range(4)])
+    uniform = (paths, torch.full((64,), 1 / 64, dtype=torch.float64))
+    skew = torch.where(paths[:, 1] == 0, 2.0, 1.0).double()
+    skewed = (paths, skew / skew.sum())  # token 2 = 0 twice as likely
+    assert simulated_power(uniform, uniform, 2000, reps=20) == 0.0
+    assert simulated_power(uniform, skewed, 2000, reps=20) == 1.0
+    assert simulated_power(uniform, skewed, 30, reps=20) < 0.5  # too few samples to see it
+    assert simulated_power(uniform, uniform, 2000, reps=20, fit=True) == 0.0
+    assert simulated_power(uniform, skewed, 2000, reps=20, fit=True) == 1.0
+
+
+def test_goodness_of_fit_to_exact_probabilities():
+    rng = np.random.default_rng(1)
+    probs = {0: 0.5, 1: 0.3, 2: 0.15, 3: 0.04, 4: 0.01}
+    fair = rng.choice(5, size=4000, p=list(probs.values())).tolist()
+    assert goodness_of_fit_p(fair, probs) > 1e-3
+    unfair = rng.choice(5, size=4000, p=[0.45, 0.35, 0.15, 0.04, 0.01]).tolist()
+    assert goodness_of_fit_p(unfair, probs) < 1e-6
+    # 4 and 3 (expected 40 and 160 of 4 000 at min_expected 200) are merged; an
+    # unexpected category joins them, and where nothing was expected at all it fails
+    assert goodness_of_fit_p(fair, probs, min_expected=200) > 1e-3
+    assert goodness_of_fit_p(fair + [7] * 200, probs, min_expected=200) < 1e-6
+    assert goodness_of_fit_p([0, 1, 9], {0: 0.5, 1: 0.5}, min_expected=1) == 0.0
+
+
+def test_feature_probs_sum_paths():
+    paths = torch.tensor([[0, 1, 2, 3], [0, 1, 5, 3], [0, 4, 2, 6]])
+    mass = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
+    f = feature_probs((paths, mass))
+    assert f["token2"] == {1: 0.75, 4: 0.25} and f["token3"] == {2: 0.75, 5: 0.25}
+    assert f["token4"] == {3: 0.75, 6: 0.25} and f["pair23"] == {(1, 2): 0.5, (1, 5): 0.25, (4, 2): 0.25}
