@@ -162,7 +162,7 @@ def prompt_sets(target: str, workloads, max_new_tokens: int, block_size: int) ->
     their token lengths, and how many were left out for not fitting."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from sglang_dflash.tools.prompts import load_prompts
+    from sglang_dflash.tools.prompts import chat_text, load_prompts
 
     tok = AutoTokenizer.from_pretrained(target)
     context = int(getattr(AutoConfig.from_pretrained(target), "max_position_embeddings", 1 << 30))
@@ -171,9 +171,7 @@ def prompt_sets(target: str, workloads, max_new_tokens: int, block_size: int) ->
     for w in workloads:
         kept, lengths = [], []
         for p in load_prompts(w):
-            text = tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                           add_generation_prompt=True)
-            n = len(tok.encode(text))
+            n = len(tok.encode(chat_text(tok, p)))
             if n <= budget:
                 kept.append(p)
                 lengths.append(n)
@@ -322,6 +320,8 @@ def warm_up(srv: Server, prompts_path: str, n: int, max_tokens: int, opts) -> No
     """A few concurrent requests before the measured run (not counted)."""
     import requests
 
+    from sglang_dflash.tools.prompts import chat_text
+
     if n <= 0:
         return
     with open(prompts_path) as f:
@@ -329,10 +329,8 @@ def warm_up(srv: Server, prompts_path: str, n: int, max_tokens: int, opts) -> No
     tok = _tokenizer(opts.target)
 
     def one(text):
-        prompt = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                         add_generation_prompt=True)
         requests.post(srv.url + "/generate", timeout=600, json={
-            "text": prompt, "sampling_params": {"max_new_tokens": max_tokens, "temperature": opts.temperature}})
+            "text": chat_text(tok, text), "sampling_params": {"max_new_tokens": max_tokens, "temperature": opts.temperature}})
 
     with ThreadPoolExecutor(max_workers=n) as pool:
         list(pool.map(one, texts))

@@ -163,13 +163,14 @@ def load_target(path: str):
     return model, tok, {s for s in stops if s is not None}
 
 
-def exact_distribution(target: str, text: str, temperature: float,
-                       sampling: dict = SAMPLING) -> tuple[torch.Tensor, torch.Tensor]:
-    """`continuation_distribution` of a chat text under the test's filters at `temperature`."""
+def exact_distributions(target: str, text: str, temperatures: list[float],
+                        sampling: dict = SAMPLING) -> dict[float, tuple[torch.Tensor, torch.Tensor]]:
+    """`continuation_distribution` of a chat text under the test's filters, per
+    temperature; the target is loaded once."""
     model, tok, stops = load_target(target)
     ids = tok(text, add_special_tokens=False)["input_ids"]
-    return continuation_distribution(model, ids, stops, temperature, sampling["top_k"], sampling["top_p"],
-                                     depth=sampling["max_new_tokens"])
+    return {t: continuation_distribution(model, ids, stops, t, sampling["top_k"], sampling["top_p"],
+                                         depth=sampling["max_new_tokens"]) for t in temperatures}
 
 
 # ---------------------------------------------------------------------------
@@ -202,20 +203,6 @@ def simulated_power(base, alternative, n: int, reps: int, seed: int = 0, p_min: 
     return sum(rejects() for _ in range(reps)) / reps
 
 
-def demo_text() -> tuple[str, str]:
-    """(demo target path, the chat text the sampling tests use with it)."""
-    from transformers import AutoTokenizer
-
-    from sglang_dflash.demo import demo_pair
-    from sglang_dflash.tools.prompts import mixed_prompts
-
-    target = demo_pair()[0]
-    tok = AutoTokenizer.from_pretrained(target)
-    text = tok.apply_chat_template([{"role": "user", "content": mixed_prompts(1)[0]}],
-                                   tokenize=False, add_generation_prompt=True)
-    return target, text
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", choices=["demo", "tiny"], default="demo",
@@ -225,18 +212,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=100)
     args = ap.parse_args()
 
-    target, text = demo_text()
-    if args.target == "tiny":
-        from transformers import AutoTokenizer
+    from sglang_dflash.demo import demo_pair, tiny_paths
+    from sglang_dflash.tools.prompts import mixed_chat_prompts
 
-        from sglang_dflash.demo import tiny_paths
-        from sglang_dflash.tools.prompts import mixed_prompts
-
-        target = tiny_paths()["target"]
-        text = AutoTokenizer.from_pretrained(target).apply_chat_template(
-            [{"role": "user", "content": mixed_prompts(1)[0]}], tokenize=False, add_generation_prompt=True)
-    base = exact_distribution(target, text, SAMPLING["temperature"])
-    alt = exact_distribution(target, text, args.alt)
+    target = demo_pair()[0] if args.target == "demo" else tiny_paths()["target"]
+    text = mixed_chat_prompts(target, 1)[0]  # the tests' prompt
+    dists = exact_distributions(target, text, [SAMPLING["temperature"], args.alt])
+    base, alt = dists[SAMPLING["temperature"]], dists[args.alt]
     print(f"{args.target} target: T={SAMPLING['temperature']} vs T={args.alt}, top-k {SAMPLING['top_k']}, "
           f"top-p {SAMPLING['top_p']}; {len(base[0])} continuations; fail at p < {P_MIN:g}; {args.reps} runs each")
     print("  (power / false alarms of the homogeneity test against plain samples, then of the fit to exact)")

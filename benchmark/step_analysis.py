@@ -76,14 +76,12 @@ def load_pair(target_dir: str, drafter_dir: str, device: str, dtype):
 
 
 def chat_prompts(tok, workloads, per_workload: int) -> list[tuple[str, list[int]]]:
-    from sglang_dflash.tools.prompts import load_prompts
+    from sglang_dflash.tools.prompts import chat_text, load_prompts
 
     out = []
     for w in workloads:
         for p in load_prompts(w, limit=per_workload):
-            text = tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                           add_generation_prompt=True)
-            out.append((w, tok.encode(text, add_special_tokens=False)))
+            out.append((w, tok.encode(chat_text(tok, p), add_special_tokens=False)))
     return out
 
 

@@ -14,7 +14,7 @@ import requests
 
 from sglang_dflash.cli import CPU_ENGINE_DEFAULTS
 from sglang_dflash.demo import tiny_paths
-from sglang_dflash.tools.prompts import mixed_prompts
+from sglang_dflash.tools.prompts import mixed_chat_prompts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmark"))
@@ -40,13 +40,7 @@ ENGINE_DEFAULTS = {
 
 def chat_prompts(n: int) -> list[str]:
     """n real prompts (GSM8K, HumanEval, MT-Bench round-robin) with the target's chat template."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(TARGET)
-    return [
-        tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-        for p in mixed_prompts(n)
-    ]
+    return mixed_chat_prompts(TARGET, n)
 
 
 def dflash_args(drafter: str) -> dict:

@@ -35,14 +35,10 @@ def _ramp_runs(prompts):
 
 
 def _demo_prompts(n):
-    from transformers import AutoTokenizer
-
     from sglang_dflash.demo import demo_pair
-    from sglang_dflash.tools.prompts import mixed_prompts
+    from sglang_dflash.tools.prompts import mixed_chat_prompts
 
-    tok = AutoTokenizer.from_pretrained(demo_pair()[0])
-    return [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                    add_generation_prompt=True) for p in mixed_prompts(n)]
+    return mixed_chat_prompts(demo_pair()[0], n)
 
 
 def _adaptive(engine_kwargs, runs, monkeypatch):

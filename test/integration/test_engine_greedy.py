@@ -74,15 +74,11 @@ def test_demo_pair_greedy_identical_and_speculates():
     engine: identical greedy output, and a trained DFlash 2 drafter that really
     speculates (reference-loop acceptance 4-5.5 tokens per verify on these
     workloads, see assets/demo/MODEL_CARD.md)."""
-    from transformers import AutoTokenizer
-
     from sglang_dflash.demo import demo_pair
-    from sglang_dflash.tools.prompts import mixed_prompts
+    from sglang_dflash.tools.prompts import mixed_chat_prompts
 
     target, drafter = demo_pair()
-    tok = AutoTokenizer.from_pretrained(target)
-    demo_prompts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                            add_generation_prompt=True) for p in mixed_prompts(12)]
+    demo_prompts = mixed_chat_prompts(target, 12)
     runs = [{"name": f"bs{bs}", "prompts": demo_prompts, "batch_size": bs, "sampling_params": GREEDY}
             for bs in (1, 6)]
     plain = run_engine({"model_path": target}, runs)

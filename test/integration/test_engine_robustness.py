@@ -73,13 +73,10 @@ def test_retraction_under_kv_pressure():
     from transformers import AutoTokenizer
 
     from harness import TARGET
-    from sglang_dflash.tools.prompts import mixed_prompts
+    from sglang_dflash.tools.prompts import chat_text, mixed_prompts
 
     tok = AutoTokenizer.from_pretrained(TARGET)
-    prompts = [
-        tok.apply_chat_template([{"role": "user", "content": p[:60]}], tokenize=False, add_generation_prompt=True)
-        for p in mixed_prompts(12)
-    ]
+    prompts = [chat_text(tok, p[:60]) for p in mixed_prompts(12)]
     runs = [{"name": "all", "prompts": prompts, "batch_size": 12,
              "sampling_params": {"max_new_tokens": 160, "temperature": 0.0}}]
     settings = dict(max_total_tokens=600, max_running_requests=12, schedule_conservativeness=0.01)

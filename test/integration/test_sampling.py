@@ -35,7 +35,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from harness import run_engine
-from sampling_power import (P_MIN, SAMPLING, demo_text, exact_distribution, feature_probs, min_fit_p, min_p,
+from sampling_power import (P_MIN, SAMPLING, exact_distributions, feature_probs, min_fit_p, min_p,
                             sampled_features, simulated_power)
 
 # About 6 minutes on a 2-core host (four engines of N four-token requests);
@@ -59,11 +59,12 @@ def demo(tmp_path_factory):
     """The demo pair, its chat prompt, the exact distributions at T = 0.9 and 1.0,
     plain decoding's samples, and a v1 drafter."""
     from sglang_dflash.demo import demo_pair
+    from sglang_dflash.tools.prompts import mixed_chat_prompts
 
-    target, text = demo_text()
-    drafter = demo_pair()[1]
+    target, drafter = demo_pair()
+    text = mixed_chat_prompts(target, 1)[0]
     engine = {**ENGINE, "model_path": target}
-    exact = {t: exact_distribution(target, text, t) for t in (SAMPLING["temperature"], 1.0)}
+    exact = exact_distributions(target, text, [SAMPLING["temperature"], 1.0])
     return {"engine": engine, "text": text, "dflash2": drafter, "exact": exact,
             "probs": feature_probs(exact[SAMPLING["temperature"]]),
             "dflash1": _v1_from_v2(drafter, tmp_path_factory.mktemp("dflash1")),

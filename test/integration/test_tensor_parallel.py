@@ -22,7 +22,7 @@ import pytest
 import requests
 
 from harness import Server, run_engine
-from sampling_power import (P_MIN, SAMPLING, exact_distribution, feature_probs, min_fit_p, min_p,
+from sampling_power import (P_MIN, SAMPLING, exact_distributions, feature_probs, min_fit_p, min_p,
                             sampled_features)
 
 NUM_PROMPTS = 32
@@ -37,12 +37,11 @@ def demo():
     from transformers import AutoTokenizer
 
     from sglang_dflash.demo import demo_pair
-    from sglang_dflash.tools.prompts import mixed_prompts
+    from sglang_dflash.tools.prompts import mixed_chat_prompts
 
     target, drafter = demo_pair()
     tok = AutoTokenizer.from_pretrained(target)
-    prompts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                       add_generation_prompt=True) for p in mixed_prompts(NUM_PROMPTS)]
+    prompts = mixed_chat_prompts(target, NUM_PROMPTS)
     return {"target": target, "drafter": drafter, "prompts": prompts, "tokenizer": tok}
 
 
@@ -109,7 +108,8 @@ def test_sampling_tp2_matches_plain_tp2(demo, plain_tp2, dflash_tp2):
     At N_SAMPLES the homogeneity test's power against a temperature change of
     0.1 is about 0.6, the fit to the target's exact distribution's about 1
     (`benchmark/sampling_power.py`); plain --tp 2 must fit it too."""
-    probs = feature_probs(exact_distribution(demo["target"], demo["prompts"][0], SAMPLING["temperature"]))
+    t = SAMPLING["temperature"]
+    probs = feature_probs(exact_distributions(demo["target"], demo["prompts"][0], [t])[t])
     base = sampled_features(_ids(plain_tp2["sampled"]))
     got = sampled_features(_ids(dflash_tp2[0]["sampled"]))
     assert min(len(base["token2"]), len(got["token2"])) > 0.95 * N_SAMPLES

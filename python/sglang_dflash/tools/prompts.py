@@ -23,3 +23,17 @@ def mixed_prompts(n: int) -> list[str]:
     per = {w: load_prompts(w) for w in WORKLOADS}
     order = list(WORKLOADS)
     return [per[order[i % 3]][i // 3] for i in range(n)]
+
+
+def chat_text(tokenizer, prompt: str) -> str:
+    """One user turn under the tokenizer's chat template, ready for the reply."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def mixed_chat_prompts(model_path: str, n: int) -> list[str]:
+    """`mixed_prompts(n)` as chat texts under the model's own template."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    return [chat_text(tok, p) for p in mixed_prompts(n)]
