@@ -12,7 +12,8 @@ their (success, message) recorded]}]}. A weight op is {"op": "disk", "path"} (th
 update_weights_from_disk) or {"op": "tensor", "path" | None, "selector"[, "extra": {name: shape}][, "load_format"]}
 (every tensor of the checkpoint at `path`, if any, plus zero tensors `extra`, through
 update_weights_from_tensor inside begin / end_weight_update with that selector) or
-{"op": "check", "selector"} (check_weights' checksums, one {name: hash} per rank). OUT also holds the server's dflash state
+{"op": "distributed", "path", "selector"} (the same tensors broadcast by a trainer, a thread here, rank 0 of
+a gloo group the engine joins, through update_weights_from_distributed) or {"op": "check", "selector"} (check_weights' checksums, one {name: hash} per rank). OUT also holds the server's dflash state
 after the last run (`/get_server_info`'s internal_states[0]["dflash"]). Each run submits its prompts in groups of
 `batch_size` (one `generate` call per group, so the decode batch holds up to
 that many requests) and records output ids and meta_info per prompt.
@@ -58,10 +59,12 @@ def _weight_op(engine, op):
     if op["op"] == "disk":
         success, message, _ = engine.update_weights_from_disk(op["path"])
         return [success, message]
+    named = _checkpoint_tensors(op["path"], op.get("extra", {}))
+    if op["op"] == "distributed":
+        return _distributed_update(engine, named, op["selector"])
     # Engine.update_weights_from_tensor has no selector; the request type does.
     from sglang.srt.managers.io_struct import UpdateWeightsFromTensorReqInput
 
-    named = _checkpoint_tensors(op["path"], op.get("extra", {}))
     load_format = op.get("load_format")
     if load_format == "flattened_bucket":  # one flat tensor and its metadata, as RL trainers send
         from sglang.srt.utils.common import MultiprocessingSerializer
@@ -81,6 +84,54 @@ def _weight_op(engine, op):
             engine.tokenizer_manager.update_weights_from_tensor(obj, None))
     finally:
         engine.end_weight_update()
+    return [success, message]
+
+
+def _distributed_update(engine, named, selector):
+    """update_weights_from_distributed as an RL trainer drives it: the trainer
+    (rank 0; here a thread of this process) and the engine's one rank form a
+    gloo group, the trainer broadcasts each tensor while the engine receives
+    them in the same order and loads them into the runners `selector` names."""
+    import socket
+    import threading
+
+    import torch
+    from sglang.srt.managers.io_struct import UpdateWeightsFromDistributedReqInput
+    from sglang.srt.utils.common import init_custom_process_group
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    group, failures = "dflash_test_update", []
+
+    def trainer():
+        try:
+            pg = init_custom_process_group(backend="gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                           world_size=2, rank=0, group_name=group)
+            for _, tensor in named:
+                torch.distributed.broadcast(tensor.contiguous(), src=0, group=pg)
+            torch.distributed.destroy_process_group(pg)
+        except Exception as exc:  # reported with the op's result
+            failures.append(repr(exc))
+
+    thread = threading.Thread(target=trainer, daemon=True)
+    thread.start()
+    success, message = engine.init_weights_update_group("127.0.0.1", port, 1, 2, group, backend="gloo")
+    if not success:
+        return [False, message]
+    engine.begin_weight_update(selector=selector)
+    try:
+        obj = UpdateWeightsFromDistributedReqInput(
+            names=[n for n, _ in named], dtypes=[str(t.dtype).removeprefix("torch.") for _, t in named],
+            shapes=[list(t.shape) for _, t in named], group_name=group, flush_cache=True, selector=selector)
+        success, message = engine.loop.run_until_complete(
+            engine.tokenizer_manager.update_weights_from_distributed(obj, None))
+    finally:
+        engine.end_weight_update()
+        thread.join(timeout=60)
+        engine.destroy_weights_update_group(group)
+    if failures:
+        return [False, f"trainer: {failures[0]}"]
     return [success, message]
 
 

@@ -14,22 +14,27 @@ def prompts():
     return chat_prompts(12)
 
 
-def test_chunked_prefill_and_radix_hits(prompts):
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_chunked_prefill_and_radix_hits(prompts, page_size):
     # Chunks of 32 tokens split most prompts; the second pass over the same
     # prompts (and a shared-prefix variant) is served from the radix cache.
+    # Page size 16 (as paged GPU attention backends use): SGLang allocates
+    # the verify block's slots page by page and the radix cache matches
+    # whole pages, while the drafter's context is addressed per token.
     shared = [p + " Answer briefly." for p in prompts[:4]]
     runs = [
         {"name": "first", "prompts": prompts, "batch_size": 4, "sampling_params": GREEDY},
         {"name": "again", "prompts": prompts, "batch_size": 4, "sampling_params": GREEDY},
         {"name": "shared", "prompts": shared, "batch_size": 4, "sampling_params": GREEDY},
     ]
-    settings = dict(chunked_prefill_size=32)
+    settings = dict(chunked_prefill_size=32, page_size=page_size)
     plain = run_engine(settings, runs)
     spec = run_engine({**settings, **dflash_args("drafter-trained")}, runs)
     for name in plain:
         assert output_ids(spec[name]) == output_ids(plain[name]), name
-    cached = sum(r["meta_info"]["cached_tokens"] or 0 for r in spec["again"]["results"])
-    assert cached > 0, "the second pass should hit the radix cache"
+    cached = [r["meta_info"]["cached_tokens"] or 0 for r in spec["again"]["results"]]
+    assert sum(cached) > 0, "the second pass should hit the radix cache"
+    assert all(n % page_size == 0 for n in cached), f"radix hits are whole pages: {cached}"
 
 
 @pytest.mark.parametrize("overlap, policy", [(True, '{"mode": "on"}'), (False, '{"mode": "adaptive"}')],

@@ -1,5 +1,6 @@
 """Weight updates on a live DFLASH engine (`update_weights_from_disk`,
-`update_weights_from_tensor` with selectors "draft" and "all"), against plain
+`update_weights_from_tensor` with selectors "draft" and "all",
+`update_weights_from_distributed` with selector "draft"), against plain
 serving with the same updates and against engines started on the updated
 weights.
 
@@ -7,7 +8,8 @@ One DFLASH engine starts with a drafter of the trained drafter's shape but
 random weights and a trained mask embedding (`mask_embedding.pt`), then:
 refused drafter updates (a name the drafter lacks, a mis-shaped tensor), the
 trained drafter's tensors under selector "draft", a new target from disk, and
-the original target's tensors under selector "all". After each, greedy output
+the original target's tensors under selector "all", then the random
+drafter's tensors again, broadcast by a trainer over a gloo group. After each, greedy output
 must equal plain serving with the same target weights, and the per-request
 verify counts (which depend only on the drafter's proposals, hence on every
 drafter weight and the mask embedding row) must equal those of a fresh engine
@@ -79,6 +81,7 @@ def engines(ckpt):
         _gen("disk", to_target2),
         _gen("draft", to_trained_bucket, checksums),
         _gen("all", target2_tensors),
+        _gen("distributed", {"op": "distributed", "path": ckpt["random"], "selector": "draft"}, checksums),
     ])
     fresh = {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": ckpt["trained"],
              "model_path": ckpt["target2"]}
@@ -94,7 +97,7 @@ def test_output_equals_plain_after_every_update(engines):
     assert output_ids(plain["disk"]) != output_ids(plain["start"])  # the new target changes the output
     for name in ("start", "bad_name", "bad_shape"):
         assert output_ids(live[name]) == output_ids(plain["start"]), name
-    for name in ("disk", "draft", "all"):
+    for name in ("disk", "draft", "all", "distributed"):
         assert output_ids(live[name]) == output_ids(plain["disk"]), name
     assert output_ids(plain["all"]) == output_ids(plain["disk"])
 
@@ -131,3 +134,15 @@ def test_target_updates_keep_the_drafter_and_its_mask_embedding(engines):
     live = engines["live"]
     assert "the drafter keeps its weights" in live["disk"]["weights"][0][1]
     assert _verify_counts(live["all"]) == _verify_counts(engines["fresh"])
+
+
+def test_distributed_drafter_update_takes(engines):
+    """The random drafter's tensors, broadcast by a trainer under selector
+    "draft", put the server back in the state of the disk update's run: the
+    drafter's checksums as at start, and the same verify counts."""
+    live = engines["live"]
+    (ok, message), (_, _, sums) = live["distributed"]["weights"]
+    assert ok, message
+    assert sums == live["start"]["weights"][0][2]
+    assert _verify_counts(live["distributed"]) == _verify_counts(live["disk"])
+    assert _verify_counts(live["distributed"]) != _verify_counts(engines["fresh"])
