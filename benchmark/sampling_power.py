@@ -36,6 +36,11 @@ import torch
 from scipy.stats import chi2, chi2_contingency
 
 SAMPLING = {"max_new_tokens": 4, "temperature": 0.9, "top_p": 0.95, "top_k": 16}
+# The same with min_p and SGLang's additive penalties. Negative penalties (the
+# range is [-2, 2]) favour repeats: positive ones barely move the first four
+# tokens of the demo target, which seldom repeat a token so early, so no test
+# at a feasible N would notice them dropped.
+FILTERED = {**SAMPLING, "min_p": 0.05, "frequency_penalty": -1.5, "presence_penalty": -1.0}
 P_MIN = 1e-4
 FEATURES = ("token2", "token3", "token4", "pair23")
 
@@ -98,26 +103,51 @@ def min_p(a: dict[str, list], b: dict[str, list]) -> tuple[str, float]:
 # ---------------------------------------------------------------------------
 
 
-def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+                   min_p: float = 0.0) -> torch.Tensor:
     """[n, V] logits -> [n, V] next-token probabilities as SGLang's torch sampler
-    draws them: softmax(logits / T); ranks >= top_k and the tail after top_p cut."""
+    draws them: softmax(logits / T); ranks >= top_k and the tail after top_p cut,
+    then those below min_p times the top probability."""
     probs = torch.softmax(logits.double() / temperature, dim=-1)
     sort, idx = probs.sort(dim=-1, descending=True)
     before = torch.cumsum(sort, dim=-1) - sort
     sort[:, top_k:] = 0.0
     sort[before > top_p] = 0.0
+    sort[sort < sort[:, :1] * min_p] = 0.0
     sort = sort / sort.sum(dim=-1, keepdim=True)
     return torch.zeros_like(probs).scatter_(1, idx, sort)
 
 
+def penalized(logits: torch.Tensor, history: torch.Tensor, frequency: float, presence: float) -> torch.Tensor:
+    """[n, V] logits less SGLang's additive penalties for each row's output so
+    far (history [n, j] token ids): frequency x count and presence x (count > 0)."""
+    if history.shape[1] == 0 or (frequency == 0.0 and presence == 0.0):
+        return logits
+    counts = torch.zeros_like(logits).scatter_add_(1, history, torch.ones(history.shape, dtype=logits.dtype))
+    return logits - frequency * counts - presence * (counts > 0).to(logits.dtype)
+
+
+def _next_probs(logits: torch.Tensor, history: torch.Tensor, sampling: dict) -> torch.Tensor:
+    """The distribution a request with `sampling` draws its next token from."""
+    logits = penalized(logits, history, sampling.get("frequency_penalty", 0.0), sampling.get("presence_penalty", 0.0))
+    return filtered_probs(logits, sampling["temperature"], sampling["top_k"], sampling["top_p"],
+                          sampling.get("min_p", 0.0))
+
+
 @torch.no_grad()
-def continuation_distribution(model, prompt_ids: list[int], stop_ids: set[int], temperature: float,
-                              top_k: int, top_p: float, depth: int = 4,
+def continuation_distribution(model, prompt_ids: list[int], stop_ids: set[int], sampling: dict,
                               chunk: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every `depth`-token continuation of the prompt and its probability:
+    """Every continuation of the prompt of sampling["max_new_tokens"] tokens and
+    its probability under `sampling` (SGLang's sampling params: temperature,
+    top_k, top_p, optional min_p, frequency_penalty, presence_penalty):
     ([n, depth] int64 ids, [n] float64 masses summing to 1)."""
+    if sampling.get("repetition_penalty", 1.0) != 1.0:
+        # SGLang applies its penalizers in the order of a set of classes, so a
+        # scaling penalty beside the additive ones has no fixed distribution.
+        raise ValueError("repetition_penalty is not modelled")
+    depth = sampling["max_new_tokens"]
     prompt = model(torch.tensor([prompt_ids]), use_cache=True)
-    first = filtered_probs(prompt.logits[:, -1], temperature, top_k, top_p)[0]
+    first = _next_probs(prompt.logits[:, -1], torch.empty(1, 0, dtype=torch.int64), sampling)[0]
     paths = first.nonzero()  # [n, 1]
     mass = first[paths[:, 0]]
     stops = torch.tensor(sorted(stop_ids), dtype=torch.int64)
@@ -129,7 +159,9 @@ def continuation_distribution(model, prompt_ids: list[int], stop_ids: set[int], 
             ids = paths[start:start + chunk]
             cache = copy.deepcopy(prompt.past_key_values)
             cache.batch_repeat_interleave(len(ids))
-            probs = filtered_probs(model(ids, past_key_values=cache).logits[:, -1], temperature, top_k, top_p)
+            # The path so far over a copy of the prompt's cache; it is also
+            # the output history the penalties count.
+            probs = _next_probs(model(ids, past_key_values=cache).logits[:, -1], ids, sampling)
             row, tok = probs.nonzero(as_tuple=True)
             grown_paths.append(torch.cat([ids[row], tok[:, None]], dim=1))
             grown_mass.append(mass[start:start + chunk][row] * probs[row, tok])
@@ -163,14 +195,12 @@ def load_target(path: str):
     return model, tok, {s for s in stops if s is not None}
 
 
-def exact_distributions(target: str, text: str, temperatures: list[float],
-                        sampling: dict = SAMPLING) -> dict[float, tuple[torch.Tensor, torch.Tensor]]:
-    """`continuation_distribution` of a chat text under the test's filters, per
-    temperature; the target is loaded once."""
+def exact_distributions(target: str, text: str, *samplings: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`continuation_distribution` of a chat text under each of `samplings`;
+    the target is loaded once."""
     model, tok, stops = load_target(target)
     ids = tok(text, add_special_tokens=False)["input_ids"]
-    return {t: continuation_distribution(model, ids, stops, t, sampling["top_k"], sampling["top_p"],
-                                         depth=sampling["max_new_tokens"]) for t in temperatures}
+    return [continuation_distribution(model, ids, stops, sampling) for sampling in samplings]
 
 
 # ---------------------------------------------------------------------------
@@ -217,8 +247,7 @@ def main() -> None:
 
     target = demo_pair()[0] if args.target == "demo" else tiny_paths()["target"]
     text = mixed_chat_prompts(target, 1)[0]  # the tests' prompt
-    dists = exact_distributions(target, text, [SAMPLING["temperature"], args.alt])
-    base, alt = dists[SAMPLING["temperature"]], dists[args.alt]
+    base, alt = exact_distributions(target, text, SAMPLING, {**SAMPLING, "temperature": args.alt})
     print(f"{args.target} target: T={SAMPLING['temperature']} vs T={args.alt}, top-k {SAMPLING['top_k']}, "
           f"top-p {SAMPLING['top_p']}; {len(base[0])} continuations; fail at p < {P_MIN:g}; {args.reps} runs each")
     print("  (power / false alarms of the homogeneity test against plain samples, then of the fit to exact)")

@@ -15,6 +15,7 @@ from sampling_power import (  # noqa: E402
     goodness_of_fit_p,
     homogeneity_p,
     load_target,
+    penalized,
     sampled_features,
     simulated_power,
 )
@@ -30,6 +31,18 @@ def test_filtered_probs_cuts_rank_and_tail_then_renormalises():
     assert p.tolist() == [[1.0, 0.0, 0.0, 0.0]]
     hot = filtered_probs(logits, 0.5, top_k=4, top_p=1.0)  # T < 1 sharpens
     assert hot[0, 0] > 0.5 and torch.isclose(hot.sum(), torch.tensor(1.0, dtype=torch.float64))
+    # min_p 0.25 cuts below 0.25 x 0.5 = 0.125: 0.05 goes, 0.15 stays
+    p = filtered_probs(logits, 1.0, top_k=4, top_p=1.0, min_p=0.25)
+    assert torch.allclose(p, torch.tensor([[0.5, 0.3, 0.15, 0.0]], dtype=torch.float64) / 0.95)
+
+
+def test_penalties_count_each_rows_own_history():
+    logits = torch.zeros(2, 5)
+    history = torch.tensor([[1, 1, 3], [4, 0, 0]])
+    got = penalized(logits, history, frequency=0.5, presence=0.25)
+    # row 0: token 1 twice -> -2 x 0.5 - 0.25, token 3 once -> -0.5 - 0.25
+    assert got.tolist() == [[0.0, -1.25, 0.0, -0.75, 0.0], [-1.25, 0.0, 0.0, 0.0, -0.75]]
+    assert penalized(logits, history[:, :0], 0.5, 0.25) is logits  # no output yet: no penalty
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +54,15 @@ def tiny():
 
 
 def test_continuation_distribution_equals_brute_force(tiny):
-    """The shared-cache enumeration against a full forward per path, to depth 3."""
+    """The shared-cache enumeration against a full forward per path, to depth 3,
+    with min_p and penalties counted by hand along each path."""
     model, ids, stops = tiny
-    kw = dict(temperature=0.7, top_k=4, top_p=0.9)
-    paths, mass = continuation_distribution(model, ids, stops, depth=3, chunk=5, **kw)
+    kw = dict(temperature=0.7, top_k=4, top_p=0.9, min_p=0.1)
+    # Negative penalties lift the tokens already drawn into the random target's
+    # top 4, where they change the distribution (positive ones only push out
+    # tokens that top-k would have cut anyway).
+    sampling = {**kw, "max_new_tokens": 3, "frequency_penalty": -2.0, "presence_penalty": -1.5}
+    paths, mass = continuation_distribution(model, ids, stops, sampling, chunk=5)
     assert torch.isclose(mass.sum(), torch.tensor(1.0, dtype=torch.float64))
     got = dict(zip(map(tuple, paths.tolist()), mass.tolist()))
     with torch.no_grad():
@@ -52,7 +70,9 @@ def test_continuation_distribution_equals_brute_force(tiny):
         for step in range(3):
             nxt = {}
             for path, m in frontier.items():
-                logits = model(torch.tensor([ids + list(path)])).logits[:, -1]
+                logits = model(torch.tensor([ids + list(path)])).logits[:, -1].clone()
+                for t in set(path):
+                    logits[0, t] += 2.0 * path.count(t) + 1.5
                 probs = filtered_probs(logits, **kw)[0]
                 for t in probs.nonzero().flatten().tolist():
                     if t in stops and step < 2:
@@ -62,6 +82,7 @@ def test_continuation_distribution_equals_brute_force(tiny):
     total = sum(frontier.values())
     want = {p: m / total for p, m in frontier.items()}
     assert got.keys() == want.keys()
+    assert any(len(set(path)) < len(path) for path in want)  # the penalties made repeats possible
     assert max(abs(got[k] - want[k]) for k in want) < 1e-6
 
 

@@ -26,6 +26,13 @@ engine). Power: the homogeneity test at N must reject temperature 1.0 in at
 least 95% of runs simulated from the exact distributions, and plain decoding's
 own samples must fit the exact distribution (so the simulation and the fit
 describe this engine).
+
+With min_p and frequency / presence penalties (`FILTERED`), DFlash 2 is tested
+the same way at N_FILTERED: the penalties of a draft row count the drafts
+before it in the block, and min_p cuts p before the accept test. The oracle
+is plain decoding without the overlap scheduler (with it, SGLang's penalties
+skip a token). Power there: against temperature 1.0, against the penalties
+dropped and against min_p dropped.
 """
 
 import json
@@ -35,7 +42,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from harness import run_engine
-from sampling_power import (P_MIN, SAMPLING, exact_distributions, feature_probs, min_fit_p, min_p,
+from sampling_power import (FILTERED, P_MIN, SAMPLING, exact_distributions, feature_probs, min_fit_p, min_p,
                             sampled_features, simulated_power)
 
 # About 6 minutes on a 2-core host (four engines of N four-token requests);
@@ -47,6 +54,7 @@ pytestmark = pytest.mark.skipif(
 # At 12 000 the simulated power against T = 1.0 is about 1 (0.99 at 10 000,
 # 0.9 at 8 000); the power test below fails a smaller N that lacks it.
 N = int(os.environ.get("SGLANG_DFLASH_SAMPLING_N", "12000"))
+N_FILTERED = 6000  # simulated power about 1 against each alternative
 ENGINE = dict(max_running_requests=256, max_total_tokens=65536, random_seed=1)
 V2_ONLY = ("conv", "selector")  # DFlash 2 tensor names a v1 checkpoint lacks
 # A block of 4 (anchor + 3 drafts) covers the 3 tokens after the prefill's;
@@ -64,11 +72,28 @@ def demo(tmp_path_factory):
     target, drafter = demo_pair()
     text = mixed_chat_prompts(target, 1)[0]
     engine = {**ENGINE, "model_path": target}
-    exact = exact_distributions(target, text, [SAMPLING["temperature"], 1.0])
-    return {"engine": engine, "text": text, "dflash2": drafter, "exact": exact,
-            "probs": feature_probs(exact[SAMPLING["temperature"]]),
+    exact, hot = exact_distributions(target, text, SAMPLING, {**SAMPLING, "temperature": 1.0})
+    return {"engine": engine, "text": text, "dflash2": drafter, "exact": exact, "hot": hot,
+            "probs": feature_probs(exact),
             "dflash1": _v1_from_v2(drafter, tmp_path_factory.mktemp("dflash1")),
-            "plain": sampled_features(_samples(run_engine(engine, _runs(text))))}
+            "plain": sampled_features(_samples(run_engine(engine, _runs(text)), N))}
+
+
+@pytest.fixture(scope="module")
+def filtered(demo):
+    """FILTERED's exact distribution, three alternatives to it, and plain decoding's samples."""
+    no_penalties = {k: v for k, v in FILTERED.items() if not k.endswith("_penalty")}
+    no_min_p = {k: v for k, v in FILTERED.items() if k != "min_p"}
+    exact, *alternatives = exact_distributions(demo["engine"]["model_path"], demo["text"], FILTERED,
+                                               {**FILTERED, "temperature": 1.0}, no_penalties, no_min_p)
+    # The oracle runs without the overlap scheduler, as in test_request_features.py:
+    # with it, plain SGLang's penalties never count the first decode step's token
+    # (its samples fit the exact distribution only with token 2 left out).
+    runs = _runs(demo["text"], N_FILTERED, FILTERED)
+    plain = run_engine({**demo["engine"], "disable_overlap_schedule": True}, runs)
+    return {"exact": exact, "probs": feature_probs(exact),
+            "alternatives": dict(zip(("temperature 1.0", "no penalties", "no min_p"), alternatives)),
+            "plain": sampled_features(_samples(plain, N_FILTERED))}
 
 
 def _v1_from_v2(drafter: str, out) -> str:
@@ -85,20 +110,30 @@ def _v1_from_v2(drafter: str, out) -> str:
     return str(out)
 
 
-def _runs(text):
-    return [{"name": "s", "prompts": [text] * N, "batch_size": N, "sampling_params": SAMPLING}]
+def _runs(text, n=N, sampling=SAMPLING):
+    return [{"name": "s", "prompts": [text] * n, "batch_size": n, "sampling_params": sampling}]
 
 
-def _samples(run):
+def _samples(run, n):
     outputs = [r["output_ids"] for r in run["s"]["results"]]
-    assert sum(len(o) >= 4 for o in outputs) > 0.95 * N
+    assert sum(len(o) >= 4 for o in outputs) > 0.95 * n
     return outputs
+
+
+def _dflash(demo, drafter):
+    return {**demo["engine"], "speculative_algorithm": "DFLASH", "speculative_draft_model_path": drafter,
+            "speculative_num_draft_tokens": BLOCK}
+
+
+def _mean_accept(run):
+    lengths = [r["meta_info"]["spec_accept_length"] for r in run["s"]["results"]]
+    return sum(lengths) / len(lengths)
 
 
 def test_test_has_power(demo):
     """Against temperature 1.0 the test at N rejects in >= 95% of simulated runs,
     and the exact distribution those runs draw from is the plain engine's."""
-    power = simulated_power(demo["exact"][SAMPLING["temperature"]], demo["exact"][1.0], N, reps=40)
+    power = simulated_power(demo["exact"], demo["hot"], N, reps=40)
     assert power >= 0.95, f"the test at N = {N} rejects T = 1.0 in only {power:.0%} of simulated runs"
     key, p = min_fit_p(demo["plain"], demo["probs"])
     assert p >= P_MIN, f"plain engine samples do not fit the exact distribution: {key} p = {p:.2e}"
@@ -109,10 +144,8 @@ def test_sampled_distribution_matches_plain(demo, path, monkeypatch):
     if path == "off":
         monkeypatch.setenv("SGLANG_DFLASH_POLICY", '{"mode": "off"}')
     drafter = demo["dflash1"] if path == "dflash1" else demo["dflash2"]
-    spec, state = run_engine({**demo["engine"], "speculative_algorithm": "DFLASH",
-                              "speculative_draft_model_path": drafter, "speculative_num_draft_tokens": BLOCK},
-                             _runs(demo["text"]), with_state=True)
-    got = sampled_features(_samples(spec))
+    spec, state = run_engine(_dflash(demo, drafter), _runs(demo["text"]), with_state=True)
+    got = sampled_features(_samples(spec, N))
     key, p = min_p(demo["plain"], got)
     assert p >= P_MIN, f"{path}: {key} differs from plain sampling (chi-square p = {p:.2e})"
     key, p = min_fit_p(got, demo["probs"])
@@ -120,7 +153,27 @@ def test_sampled_distribution_matches_plain(demo, path, monkeypatch):
     if path == "off":
         assert state["steps_by_width"][0] == state["steps"] > 0, state["steps_by_width"]
         return
-    lengths = [r["meta_info"]["spec_accept_length"] for r in spec["s"]["results"]]
     # Only 3 tokens follow the prefill's first, so a verify commits at most 3;
     # 1.0 would mean no draft accepted (the accept test and residual untested).
-    assert sum(lengths) / len(lengths) > 1.2, f"{path}: drafts too rarely accepted to test sampling"
+    assert _mean_accept(spec) > 1.2, f"{path}: drafts too rarely accepted to test sampling"
+
+
+def test_filtered_test_has_power(filtered):
+    """At N_FILTERED the homogeneity test rejects each alternative in >= 95% of
+    simulated runs, and plain decoding with FILTERED fits its exact distribution
+    (the penalties and min_p are modelled as SGLang applies them)."""
+    for name, alternative in filtered["alternatives"].items():
+        power = simulated_power(filtered["exact"], alternative, N_FILTERED, reps=40)
+        assert power >= 0.95, f"at N = {N_FILTERED} the test rejects {name} in only {power:.0%} of runs"
+    key, p = min_fit_p(filtered["plain"], filtered["probs"])
+    assert p >= P_MIN, f"plain samples with min_p and penalties do not fit: {key} p = {p:.2e}"
+
+
+def test_sampled_with_min_p_and_penalties_matches_plain(demo, filtered):
+    spec = run_engine(_dflash(demo, demo["dflash2"]), _runs(demo["text"], N_FILTERED, FILTERED))
+    got = sampled_features(_samples(spec, N_FILTERED))
+    key, p = min_p(filtered["plain"], got)
+    assert p >= P_MIN, f"{key} differs from plain sampling with min_p and penalties (p = {p:.2e})"
+    key, p = min_fit_p(got, filtered["probs"])
+    assert p >= P_MIN, f"{key} does not fit the exact distribution with min_p and penalties (p = {p:.2e})"
+    assert _mean_accept(spec) > 1.2, "drafts too rarely accepted to test sampling"
