@@ -89,8 +89,8 @@ def _weight_op(engine, op):
 
 def _distributed_update(engine, named, selector):
     """update_weights_from_distributed as an RL trainer drives it: the trainer
-    (rank 0; here a thread of this process) and the engine's one rank form a
-    gloo group, the trainer broadcasts each tensor while the engine receives
+    (rank 0; here a thread of this process) and the engine's ranks (1..tp) form
+    a gloo group, the trainer broadcasts each tensor while every rank receives
     them in the same order and loads them into the runners `selector` names."""
     import socket
     import threading
@@ -103,11 +103,12 @@ def _distributed_update(engine, named, selector):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     group, failures = "dflash_test_update", []
+    world = 1 + engine.server_args.tp_size
 
     def trainer():
         try:
             pg = init_custom_process_group(backend="gloo", init_method=f"tcp://127.0.0.1:{port}",
-                                           world_size=2, rank=0, group_name=group)
+                                           world_size=world, rank=0, group_name=group)
             for _, tensor in named:
                 torch.distributed.broadcast(tensor.contiguous(), src=0, group=pg)
             torch.distributed.destroy_process_group(pg)
@@ -116,7 +117,7 @@ def _distributed_update(engine, named, selector):
 
     thread = threading.Thread(target=trainer, daemon=True)
     thread.start()
-    success, message = engine.init_weights_update_group("127.0.0.1", port, 1, 2, group, backend="gloo")
+    success, message = engine.init_weights_update_group("127.0.0.1", port, 1, world, group, backend="gloo")
     if not success:
         return [False, message]
     engine.begin_weight_update(selector=selector)

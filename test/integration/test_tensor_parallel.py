@@ -12,14 +12,20 @@ vocab-parallel candidate merge matters):
   against plain --tp 2 and fit to the exact distribution, as in test_sampling.py);
 * an aborted request under --tp 2 leaves the server serving the same output;
 * --dp-size 2 serves DFLASH, each replica with its own policy, identical to
-  DFLASH on one rank.
+  DFLASH on one rank;
+* drafter weight updates reach both ranks' replicated drafters
+  (update_weights_from_tensor and update_weights_from_distributed).
 """
 
+import os
+import shutil
 import threading
 import time
 
 import pytest
 import requests
+import torch
+from safetensors.torch import load_file, save_file
 
 from harness import Server, run_engine
 from sampling_power import (P_MIN, SAMPLING, exact_distributions, feature_probs, min_fit_p, min_p,
@@ -108,8 +114,7 @@ def test_sampling_tp2_matches_plain_tp2(demo, plain_tp2, dflash_tp2):
     At N_SAMPLES the homogeneity test's power against a temperature change of
     0.1 is about 0.6, the fit to the target's exact distribution's about 1
     (`benchmark/sampling_power.py`); plain --tp 2 must fit it too."""
-    t = SAMPLING["temperature"]
-    probs = feature_probs(exact_distributions(demo["target"], demo["prompts"][0], [t])[t])
+    probs = feature_probs(exact_distributions(demo["target"], demo["prompts"][0], SAMPLING)[0])
     base = sampled_features(_ids(plain_tp2["sampled"]))
     got = sampled_features(_ids(dflash_tp2[0]["sampled"]))
     assert min(len(base["token2"]), len(got["token2"])) > 0.95 * N_SAMPLES
@@ -161,3 +166,47 @@ def test_dp2_serves_dflash(demo, dflash_tp1):
     assert a == b
     assert all(r["meta_info"]["spec_verify_ct"] > 0 for r in runs["bs8"]["results"])
 
+
+
+def _randomized(drafter, out):
+    """A copy of a drafter with its matrices redrawn at their own scale (norms kept)."""
+    gen = torch.Generator().manual_seed(0)
+    shutil.copytree(drafter, out)
+    weights = os.path.join(out, "model.safetensors")
+    save_file({k: torch.randn(v.shape, generator=gen) * v.std() if v.dim() > 1 else v
+               for k, v in load_file(weights).items()}, weights)
+    return str(out)
+
+
+def test_drafter_weight_updates_under_tp2(demo, dflash_tp1, tmp_path):
+    """A --tp 2 server started with a random drafter of the demo drafter's shape
+    takes the demo drafter's tensors (update_weights_from_tensor, selector
+    "draft"), then the random ones again (update_weights_from_distributed, from a
+    trainer broadcasting to both ranks over gloo). Output stays DFLASH --tp 1's;
+    both ranks report the same drafter checksums after each update; the trained
+    tensors make drafts accepted, the random ones restore the start's checksums."""
+    random_drafter = _randomized(demo["drafter"], tmp_path / "random")
+    check = {"op": "check", "selector": "draft"}
+
+    def gen(name, *ops):
+        return {"name": name, "prompts": demo["prompts"][:8], "batch_size": 8, "sampling_params": GREEDY,
+                "weights": list(ops)}
+
+    runs = run_engine(_engine(demo, tp_size=2, speculative_algorithm="DFLASH",
+                              speculative_draft_model_path=random_drafter), [
+        gen("random", check),
+        gen("trained", {"op": "tensor", "path": demo["drafter"], "selector": "draft"}, check),
+        gen("back", {"op": "distributed", "path": random_drafter, "selector": "draft"}, check),
+    ])
+    want = _ids(dflash_tp1["bs8"])[:8]
+    sums, accept = {}, {}
+    for name, run in runs.items():
+        assert _ids(run) == want, name
+        *updates, (ok, _, ranks) = run["weights"]
+        assert ok and all(u[0] for u in updates), run["weights"]
+        assert len(ranks) == 2 and ranks[0] == ranks[1], f"{name}: the ranks' drafters differ"
+        sums[name] = ranks[0]
+        lengths = [r["meta_info"]["spec_accept_length"] for r in run["results"]]
+        accept[name] = sum(lengths) / len(lengths)
+    assert sums["trained"] != sums["random"] == sums["back"]
+    assert accept["trained"] > 1.5 > max(accept["random"], accept["back"]), accept
