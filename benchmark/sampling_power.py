@@ -23,6 +23,7 @@ instead of 0.9) is computed here, not read off one run with a fixed seed
 
     python benchmark/sampling_power.py                    # the demo pair's prompt, alternative T = 1.0
     python benchmark/sampling_power.py --target tiny --n 20000
+    python benchmark/sampling_power.py --filtered --n 6000   # with min_p and penalties (FILTERED)
 """
 
 from __future__ import annotations
@@ -240,16 +241,19 @@ def main() -> None:
     ap.add_argument("--alt", type=float, default=1.0, help="alternative temperature (the test's: 1.0)")
     ap.add_argument("--n", type=int, nargs="+", default=[6000, 8000, 10000, 12000, 20000])
     ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--filtered", action="store_true", help="FILTERED's params (min_p, penalties), not SAMPLING's")
     args = ap.parse_args()
+    sampling = FILTERED if args.filtered else SAMPLING
 
     from sglang_dflash.demo import demo_pair, tiny_paths
     from sglang_dflash.tools.prompts import mixed_chat_prompts
 
     target = demo_pair()[0] if args.target == "demo" else tiny_paths()["target"]
     text = mixed_chat_prompts(target, 1)[0]  # the tests' prompt
-    base, alt = exact_distributions(target, text, SAMPLING, {**SAMPLING, "temperature": args.alt})
-    print(f"{args.target} target: T={SAMPLING['temperature']} vs T={args.alt}, top-k {SAMPLING['top_k']}, "
-          f"top-p {SAMPLING['top_p']}; {len(base[0])} continuations; fail at p < {P_MIN:g}; {args.reps} runs each")
+    base, alt = exact_distributions(target, text, sampling, {**sampling, "temperature": args.alt})
+    params = ", ".join(f"{k} {v}" for k, v in sampling.items() if k not in ("temperature", "max_new_tokens"))
+    print(f"{args.target} target: T={sampling['temperature']} vs T={args.alt}, {params}; {len(base[0])} "
+          f"continuations; fail at p < {P_MIN:g}; {args.reps} runs each")
     print("  (power / false alarms of the homogeneity test against plain samples, then of the fit to exact)")
     for n in args.n:
         row = [simulated_power(base, alt, n, args.reps), simulated_power(base, base, n, args.reps, seed=1),
