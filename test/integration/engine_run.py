@@ -5,18 +5,19 @@ before SGLang is imported, and the engine spawns processes):
 
     python engine_run.py SPEC.json OUT.json
 
-SPEC: {"engine": {sgl.Engine kwargs}, "runs": [{"name", "prompts" | "input_ids",
-"batch_size", "sampling_params"[, "lora_path": one per prompt][, "load_lora": {name: path},
-loaded into the engine before the run][, "weights": [weight op, ...], applied before the run,
-their (success, message) recorded]}]}. A weight op is {"op": "disk", "path"} (the engine's
-update_weights_from_disk) or {"op": "tensor", "path" | None, "selector"[, "extra": {name: shape}][, "load_format"]}
-(every tensor of the checkpoint at `path`, if any, plus zero tensors `extra`, through
-update_weights_from_tensor inside begin / end_weight_update with that selector) or
-{"op": "distributed", "path", "selector"} (the same tensors broadcast by a trainer, a thread here, rank 0 of
-a gloo group the engine joins, through update_weights_from_distributed) or {"op": "check", "selector"} (check_weights' checksums, one {name: hash} per rank). OUT also holds the server's dflash state
-after the last run (`/get_server_info`'s internal_states[0]["dflash"]). Each run submits its prompts in groups of
-`batch_size` (one `generate` call per group, so the decode batch holds up to
-that many requests) and records output ids and meta_info per prompt.
+SPEC: {"engine": {sgl.Engine kwargs}, "runs": [{"name", "prompts" | "input_ids", "batch_size",
+"sampling_params"[, "lora_path": one per prompt][, "load_lora": {name: path}, loaded into the engine
+before the run][, "weights": [weight op, ...], applied before the run, their (success, message)
+recorded]}]}. A weight op is {"op": "disk", "path"} (the engine's update_weights_from_disk) or
+{"op": "tensor", "path" | None, "selector"[, "extra": {name: shape}][, "load_format"]} (every tensor
+of the checkpoint at `path`, if any, plus zero tensors `extra`, through update_weights_from_tensor
+inside begin / end_weight_update with that selector) or {"op": "distributed", "path", "selector"}
+(the same tensors broadcast by a trainer, a thread here, rank 0 of a gloo group the engine joins,
+through update_weights_from_distributed) or {"op": "check", "selector"} (check_weights' checksums,
+one {name: hash} per rank). OUT also holds the server's dflash state after the last run
+(`/get_server_info`'s internal_states[0]["dflash"]). Each run submits its prompts in groups of
+`batch_size` (one `generate` call per group, so the decode batch holds up to that many requests) and
+records output ids and meta_info per prompt.
 """
 
 import json

@@ -45,8 +45,8 @@ from harness import run_engine
 from sampling_power import (FILTERED, P_MIN, SAMPLING, exact_distributions, feature_probs, min_fit_p, min_p,
                             sampled_features, simulated_power)
 
-# About 6 minutes on a 2-core host (four engines of N four-token requests);
-# SGLANG_DFLASH_SKIP_SLOW_TESTS=1 skips it for a quick local run.
+# About 9 minutes on a 2-core host (six engines of N or N_FILTERED four-token
+# requests); SGLANG_DFLASH_SKIP_SLOW_TESTS=1 skips it for a quick local run.
 pytestmark = pytest.mark.skipif(
     os.environ.get("SGLANG_DFLASH_SKIP_SLOW_TESTS") == "1",
     reason="slow (12 000 sampled requests per engine); SGLANG_DFLASH_SKIP_SLOW_TESTS=1 is set",
@@ -64,8 +64,8 @@ BLOCK = 4
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    """The demo pair, its chat prompt, the exact distributions at T = 0.9 and 1.0,
-    plain decoding's samples, and a v1 drafter."""
+    """The demo pair, its chat prompt, the exact distributions at the test's
+    params and at T = 1.0, plain decoding's samples, and a v1 drafter."""
     from sglang_dflash.demo import demo_pair
     from sglang_dflash.tools.prompts import mixed_chat_prompts
 
