@@ -330,7 +330,8 @@ def warm_up(srv: Server, prompts_path: str, n: int, max_tokens: int, opts) -> No
 
     def one(text):
         requests.post(srv.url + "/generate", timeout=600, json={
-            "text": chat_text(tok, text), "sampling_params": {"max_new_tokens": max_tokens, "temperature": opts.temperature}})
+            "text": chat_text(tok, text),
+            "sampling_params": {"max_new_tokens": max_tokens, "temperature": opts.temperature}})
 
     with ThreadPoolExecutor(max_workers=n) as pool:
         list(pool.map(one, texts))

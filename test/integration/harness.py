@@ -43,6 +43,19 @@ def chat_prompts(n: int) -> list[str]:
     return mixed_chat_prompts(TARGET, n)
 
 
+def rewrite_checkpoint(src: str, dst, transform) -> str:
+    """A copy of the checkpoint directory `src` at `dst` with each tensor of its
+    model.safetensors replaced by transform(name, tensor)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    weights = os.path.join(dst, "model.safetensors")
+    save_file({k: transform(k, v) for k, v in load_file(weights).items()}, weights)
+    return str(dst)
+
+
 def dflash_args(drafter: str) -> dict:
     return dict(speculative_algorithm="DFLASH", speculative_draft_model_path=PATHS[drafter])
 

@@ -17,17 +17,14 @@ vocab-parallel candidate merge matters):
   (update_weights_from_tensor and update_weights_from_distributed).
 """
 
-import os
-import shutil
 import threading
 import time
 
 import pytest
 import requests
 import torch
-from safetensors.torch import load_file, save_file
 
-from harness import Server, run_engine
+from harness import Server, rewrite_checkpoint, run_engine
 from sampling_power import (P_MIN, SAMPLING, exact_distributions, feature_probs, min_fit_p, min_p,
                             sampled_features)
 
@@ -43,11 +40,11 @@ def demo():
     from transformers import AutoTokenizer
 
     from sglang_dflash.demo import demo_pair
-    from sglang_dflash.tools.prompts import mixed_chat_prompts
+    from sglang_dflash.tools.prompts import chat_text, mixed_prompts
 
     target, drafter = demo_pair()
     tok = AutoTokenizer.from_pretrained(target)
-    prompts = mixed_chat_prompts(target, NUM_PROMPTS)
+    prompts = [chat_text(tok, p) for p in mixed_prompts(NUM_PROMPTS)]
     return {"target": target, "drafter": drafter, "prompts": prompts, "tokenizer": tok}
 
 
@@ -167,15 +164,11 @@ def test_dp2_serves_dflash(demo, dflash_tp1):
     assert all(r["meta_info"]["spec_verify_ct"] > 0 for r in runs["bs8"]["results"])
 
 
-
 def _randomized(drafter, out):
     """A copy of a drafter with its matrices redrawn at their own scale (norms kept)."""
     gen = torch.Generator().manual_seed(0)
-    shutil.copytree(drafter, out)
-    weights = os.path.join(out, "model.safetensors")
-    save_file({k: torch.randn(v.shape, generator=gen) * v.std() if v.dim() > 1 else v
-               for k, v in load_file(weights).items()}, weights)
-    return str(out)
+    return rewrite_checkpoint(drafter, out, lambda k, v: torch.randn(v.shape, generator=gen) * v.std()
+                              if v.dim() > 1 else v)
 
 
 def test_drafter_weight_updates_under_tp2(demo, dflash_tp1, tmp_path):

@@ -22,19 +22,12 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from harness import PATHS, TARGET, chat_prompts, output_ids, run_engine
+from harness import PATHS, TARGET, chat_prompts, output_ids, rewrite_checkpoint, run_engine
 
 SAMPLING = {"max_new_tokens": 48, "temperature": 0}
 MASK_ID = 3  # the tiny drafters' mask_token_id
-
-
-def _rewrite(src, dst, transform):
-    shutil.copytree(src, dst)
-    weights = os.path.join(dst, "model.safetensors")
-    save_file({k: transform(k, v) for k, v in load_file(weights).items()}, weights)
-    return str(dst)
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +38,8 @@ def ckpt(tmp_path_factory):
     def noise(scale):
         return lambda k, v: v + scale * v.std() * torch.randn(v.shape, generator=gen) if v.dim() > 1 else v
 
-    new_target = _rewrite(TARGET, root / "target2", noise(0.3))
-    random_drafter = _rewrite(PATHS["drafter-trained"], root / "drafter-random-weights",
+    new_target = rewrite_checkpoint(TARGET, root / "target2", noise(0.3))
+    random_drafter = rewrite_checkpoint(PATHS["drafter-trained"], root / "drafter-random-weights",
                               lambda k, v: torch.randn(v.shape, generator=gen) * v.std() if v.dim() > 1 else v)
     trained = str(shutil.copytree(PATHS["drafter-trained"], root / "drafter-trained-mask"))
     row = load_file(os.path.join(TARGET, "model.safetensors"))["model.embed_tokens.weight"][MASK_ID]
