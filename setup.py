@@ -26,7 +26,9 @@ setup(
     python_requires=">=3.10",
     install_requires=["sglang==0.5.23", "safetensors", "tokenizers"],
     extras_require={
-        "test": ["pytest", "requests", "scipy", "matplotlib"],
+        # Mooncake's non-CUDA transfer engine: the prefill-decode disaggregation test (CPU hosts).
+        "test": ["pytest", "requests", "scipy", "matplotlib",
+                 "mooncake-transfer-engine-non-cuda; platform_machine == 'x86_64'"],
         "bench": ["matplotlib"],
     },
     entry_points={

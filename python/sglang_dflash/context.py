@@ -87,9 +87,13 @@ def last_per_slot(slots: torch.Tensor, num_slots: int) -> torch.Tensor:
 class DraftContext:
     """Committed rows -> drafter K/V, written eagerly or deferred until read."""
 
-    def __init__(self, kv: DraftKVCache, project: Projector, max_pending_bytes: int = 64 << 20):
+    def __init__(self, kv: DraftKVCache, project: Projector, max_pending_bytes: int = 64 << 20,
+                 deferrable: bool = True):
         self.kv = kv
         self.project = project
+        # False: `defer` is ignored and every row is written at once (something
+        # outside this class reads or writes the pool's rows).
+        self.deferrable = deferrable
         self.max_pending_bytes = int(max_pending_bytes)
         self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self._pending_bytes = 0
@@ -108,7 +112,7 @@ class DraftContext:
         if slots.numel() == 0:
             return
         slots, positions = slots.to(torch.int64), positions.to(torch.int64)
-        if defer:
+        if defer and self.deferrable:
             self._pending.append((features, positions, slots))
             self._pending_bytes += features.numel() * features.element_size()
             if self._pending_bytes > self.max_pending_bytes:

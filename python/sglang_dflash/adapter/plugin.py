@@ -138,4 +138,7 @@ def register() -> None:
 
     HookRegistry.register(metrics.METRICS_TARGET, metrics.rescale_window_accept_rate, HookType.BEFORE)
     HookRegistry.register(metrics.META_INFO_TARGET, metrics.per_request_accept_rate, HookType.AFTER)
+    from sglang_dflash.adapter import disaggregation
+
+    disaggregation.register(HookRegistry, HookType)
     _registered = True

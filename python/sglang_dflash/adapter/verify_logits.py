@@ -58,12 +58,9 @@ class VerifyLogits:
         """Start the output counts of the requests this extend (re)started: their
         earlier output (a retracted request) plus the token the extend sampled,
         unless the extend was an unfinished chunk (its token is discarded)."""
-        if self.outputs is None:
-            if not any(penalized(req) for req in batch.reqs):
-                return
-            self.outputs = OutputCounts(self.num_slots, self.vocab_size, self.device)
-        slots = batch.req_pool_indices.to(torch.int64)
-        self.outputs.reset(slots, [list(req.output_ids) for req in batch.reqs])
+        slots = self._start(batch)
+        if slots is None:
+            return
         # An unfinished chunk's extend ends before the request's fill ids. Not
         # `inflight_middle_chunks == 0`: under the overlap scheduler that count
         # drops when the previous chunk's result is processed, which is after the
@@ -72,6 +69,22 @@ class VerifyLogits:
                              in zip(batch.reqs, batch.prefix_lens, batch.extend_lens)],
                             device=self.device)
         self.outputs.add(slots, next_token_ids.view(-1, 1).to(torch.int64), done.view(-1, 1))
+
+    def on_transferred(self, batch) -> None:
+        """Start the output counts of requests a PD decode server received: their
+        output so far (the prefill server's token) is in `req.output_ids`."""
+        self._start(batch)
+
+    def _start(self, batch) -> torch.Tensor | None:
+        """Reset the counts of the batch's requests to their output so far; their
+        slots, or None while no penalized request has needed counts."""
+        if self.outputs is None:
+            if not any(penalized(req) for req in batch.reqs):
+                return None
+            self.outputs = OutputCounts(self.num_slots, self.vocab_size, self.device)
+        slots = batch.req_pool_indices.to(torch.int64)
+        self.outputs.reset(slots, [list(req.output_ids) for req in batch.reqs])
+        return slots
 
     def on_commit(self, batch, tokens: torch.Tensor, accept_len: torch.Tensor | None) -> None:
         """Count a decode step's committed tokens [bs, R] (drafts, then the bonus)."""

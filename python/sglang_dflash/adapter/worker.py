@@ -38,7 +38,7 @@ import torch
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
-from sglang.srt.runtime_context import attention_backends, get_exec, get_schedule, get_spec
+from sglang.srt.runtime_context import attention_backends, get_disagg, get_exec, get_schedule, get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
@@ -55,6 +55,7 @@ from sglang_dflash.hub import resolve_drafter_path
 from sglang_dflash.context import DraftContext, DraftKVCache, GatheredContext
 from sglang_dflash.draft import make_blocks, plan_commit
 from sglang_dflash.model import PagedContext
+from sglang_dflash.adapter.disaggregation import ContextPoolView
 from sglang_dflash.adapter.server_args import policy_config
 from sglang_dflash.adapter.tensor_parallel import local_row, tensor_parallel, vocab_head
 from sglang_dflash.adapter.verify_logits import VerifyLogits
@@ -276,13 +277,28 @@ class DFlashWorker(BaseSpecWorker):
             dtype=self.model_runner.dtype,
             device=self.device,
         )
-        self.context = DraftContext(kv, self._project_context)
+        # Under PD disaggregation SGLang's KV transfer reads (prefill server) and
+        # writes (decode server) the pool's rows: no row may wait in the queue.
+        disaggregated = str(get_disagg().disaggregation_mode or "null") != "null"
+        self.context = DraftContext(kv, self._project_context, deferrable=not disaggregated)
         self._log_context_pool(kv)
         self.verify_logits = VerifyLogits(
             num_slots=req_to_token_pool.req_to_token.shape[0],
             vocab_size=int(self.model_runner.model_config.vocab_size),
             device=self.device,
         )
+
+    @property
+    def primary_draft_kv_pool(self):
+        """The drafter's context K/V, for SGLang's PD KV transfer (disaggregation.py)."""
+        if self.context is None:
+            return None
+        return ContextPoolView(self.context.kv, self.model_runner.token_to_kv_pool.page_size)
+
+    def on_transferred(self, batch) -> None:
+        """Requests a PD decode server received (their KV, context rows included,
+        came from the prefill server): start their output counts as `_prefill` does."""
+        self.verify_logits.on_transferred(batch)
 
     def _log_context_pool(self, kv: DraftKVCache) -> None:
         """Log the context pool's size and whether SGLang's KV budget counted it:
