@@ -27,13 +27,9 @@ README for the flags a CPU pair needs.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from sglang_dflash.context import DraftKVCache
-
-logger = logging.getLogger(__name__)
 
 PREBUILT_TARGET = ("sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin."
                    "get_new_prebuilt_batch")
