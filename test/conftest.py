@@ -17,6 +17,21 @@ def pytest_configure(config):
         config.option.durations = 15
 
 
+def pytest_terminal_summary(terminalreporter):
+    """Time per test file (setup, call and teardown together), the slowest first."""
+    per_file = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if hasattr(report, "duration") and hasattr(report, "nodeid") and report.nodeid:
+                path = report.nodeid.split("::")[0]
+                per_file[path] = per_file.get(path, 0.0) + report.duration
+    slow = sorted(per_file.items(), key=lambda item: -item[1])[:25]
+    if slow:
+        terminalreporter.write_sep("=", "time per test file")
+        for path, seconds in slow:
+            terminalreporter.write_line(f"{seconds:8.1f}s {path}")
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch

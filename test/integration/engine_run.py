@@ -8,8 +8,8 @@ before SGLang is imported, and the engine spawns processes):
 SPEC: {"engine": {sgl.Engine kwargs}, "runs": [{"name", "prompts" | "input_ids", "batch_size",
 "sampling_params"[, "lora_path": one per prompt][, "load_lora": {name: path}, loaded into the engine
 before the run][, "weights": [weight op, ...], applied before the run, their (success, message)
-recorded]}]}. A weight op is {"op": "disk", "path"} (the engine's update_weights_from_disk) or
-{"op": "tensor", "path" | None, "selector"[, "extra": {name: shape}][, "load_format"]} (every tensor
+recorded]}][, "gate": true]}. A weight op is {"op": "disk", "path"} (the engine's
+update_weights_from_disk) or {"op": "tensor", "path" | None, "selector"[, "extra": {name: shape}][, "load_format"]} (every tensor
 of the checkpoint at `path`, if any, plus zero tensors `extra`, through update_weights_from_tensor
 inside begin / end_weight_update with that selector) or {"op": "distributed", "path", "selector"}
 (the same tensors broadcast by a trainer, a thread here, rank 0 of a gloo group the engine joins,
@@ -17,10 +17,12 @@ through update_weights_from_distributed) or {"op": "check", "selector"} (check_w
 one {name: hash} per rank). OUT also holds the server's dflash state after the last run
 (`/get_server_info`'s internal_states[0]["dflash"]). Each run submits its prompts in groups of
 `batch_size` (one `generate` call per group, so the decode batch holds up to that many requests) and
-records output ids and meta_info per prompt.
+records output ids and meta_info per prompt. With "gate" the engine, once started, writes "ready" to
+stdout and runs only after reading "go" on stdin (harness.run_engines).
 """
 
 import json
+import os
 import sys
 import time
 
@@ -173,7 +175,19 @@ def main():
     import sglang as sgl
 
     spec = json.load(open(sys.argv[1]))
+    handshake = None
+    if spec.get("gate"):
+        # harness.run_engines reads one line from our stdout; everything else
+        # written to it (here or by the engine's processes) goes to stderr.
+        handshake = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
     engine = sgl.Engine(**spec["engine"])
+    if handshake:  # report ready, run when released
+        handshake.write("ready\n")
+        handshake.flush()
+        if sys.stdin.readline().strip() != "go":
+            engine.shutdown()
+            return
     try:
         runs = [_run(engine, run) for run in spec["runs"]]
         states = engine.get_server_info().get("internal_states") or [{}]

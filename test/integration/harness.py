@@ -3,12 +3,14 @@ server processes. Everything runs the real SGLang engine / HTTP server."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 import requests
 
@@ -65,34 +67,124 @@ def output_ids(run: dict) -> list[list[int]]:
     return [r["output_ids"] for r in run["results"]]
 
 
-def run_engine(engine_kwargs: dict, runs: list[dict], timeout: int = 2400, with_state: bool = False):
+def run_engine(engine_kwargs: dict, runs: list[dict], timeout: int = 2400, with_state: bool = False,
+               env: dict | None = None):
     """Start one engine in a subprocess, execute `runs`, return {name: run}
     (and the server's dflash state after the runs, with `with_state`)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
-        json.dump({"engine": {**ENGINE_DEFAULTS, **engine_kwargs}, "runs": runs}, open(spec_path, "w"))
-        proc = subprocess.run(
-            [sys.executable, os.path.join(HERE, "engine_run.py"), spec_path, out_path],
-            capture_output=True, text=True, timeout=timeout,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"engine run failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
-        out = json.load(open(out_path))
-        by_name = {run["name"]: run for run in out["runs"]}
-        return (by_name, out["dflash"]) if with_state else by_name
+    return run_engines([Job(engine_kwargs, runs, with_state, env)], timeout)[0]
+
+
+@dataclass
+class Job:
+    """One engine of `run_engines`: its sgl.Engine kwargs (over ENGINE_DEFAULTS),
+    the runs it executes, and environment variables set for it alone."""
+
+    engine: dict
+    runs: list[dict]
+    with_state: bool = False
+    env: dict | None = None
+
+
+# An idle CPU engine holds about 3 GB (three processes, each with torch and
+# SGLang imported); this many at once stays well inside a 24 GB host.
+MAX_LIVE_ENGINES = 3
+
+
+def run_engines(jobs: list[Job], timeout: int = 2400) -> list:
+    """Run each job's engine as `run_engine` does, started ahead of their turn
+    (up to MAX_LIVE_ENGINES alive at once) and run one at a time, in order.
+
+    An engine's start-up (imports in three processes, model load) keeps about
+    one of the host's cores busy, so starting engines together saves wall time.
+    Runs never overlap each other (an engine waits, idle, until released); with
+    up to MAX_LIVE_ENGINES jobs none overlaps a start-up either, so what a run
+    times is as with `run_engine`. Beyond that, later engines start while
+    earlier ones run: for tests of outputs, not of timing."""
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        deadline = time.time() + timeout
+
+        def start(i):
+            job = jobs[i]
+            spec, out, err = (os.path.join(tmp, f"{name}{i}") for name in ("spec", "out", "err"))
+            with open(spec, "w") as f:
+                json.dump({"engine": {**ENGINE_DEFAULTS, **job.engine}, "runs": job.runs, "gate": True}, f)
+            with open(err, "w") as log:
+                proc = subprocess.Popen([sys.executable, os.path.join(HERE, "engine_run.py"), spec, out],
+                                        env={**os.environ, **(job.env or {})}, text=True,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+            stack.callback(_reap, proc)
+            return proc, out, err
+
+        procs = [start(i) for i in range(min(len(jobs), MAX_LIVE_ENGINES))]
+        for proc, _, err in procs:  # the first window all started before any runs
+            _expect_line(proc, "ready", deadline, err)
+        results = []
+        for i, job in enumerate(jobs):
+            proc, out, err = procs[i]
+            if i >= MAX_LIVE_ENGINES:
+                _expect_line(proc, "ready", deadline, err)
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            try:
+                code = proc.wait(timeout=max(1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"engine run timed out:\n{_tail(err)}") from None
+            if code != 0:
+                raise RuntimeError(f"engine run failed ({code}):\n{_tail(err)}")
+            if len(procs) < len(jobs):
+                procs.append(start(len(procs)))
+            with open(out) as f:
+                result = json.load(f)
+            by_name = {run["name"]: run for run in result["runs"]}
+            results.append((by_name, result["dflash"]) if job.with_state else by_name)
+        return results
+
+
+def _expect_line(proc, want: str, deadline: float, err: str):
+    """Wait for the line `want` on proc's stdout (engine_run's start-up handshake)."""
+    import select
+
+    while time.time() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+        if ready:
+            line = proc.stdout.readline()
+            if line.strip() == want:
+                return
+            if not line:  # exited during start-up
+                proc.wait()
+                raise RuntimeError(f"engine run failed ({proc.returncode}):\n{_tail(err)}")
+    raise RuntimeError(f"engine did not start in time:\n{_tail(err)}")
+
+
+def _tail(path: str, n: int = 6000) -> str:
+    return open(path).read()[-n:]
+
+
+def _reap(proc):
+    """Stop an engine that is still waiting (a failed sibling or a timeout)."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 class Server:
     """`sglang-dflash serve ...` (the documented CPU way) as a subprocess."""
 
-    def __init__(self, args: list[str], timeout: int = 300, log_level: str = "warning"):
+    def __init__(self, args: list[str], timeout: int = 300, log_level: str = "warning",
+                 env: dict | None = None, wait: bool = True):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         cmd = [sys.executable, "-m", "sglang_dflash.cli", "serve", *args,
                "--port", str(self.port), "--host", "127.0.0.1", "--log-level", log_level,
                "--max-total-tokens", "32768", "--random-seed", "0"]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env={**os.environ, **(env or {})})
+        if wait:
+            self.wait(timeout)
+
+    def wait(self, timeout: int = 300):
+        """Until the server answers /health_generate (it is stopped if it does not in time)."""
         self._wait(timeout)
 
     def _wait(self, timeout):
@@ -123,3 +215,23 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+
+
+def start_servers(*configs: list[str] | tuple[list[str], dict]) -> list[Server]:
+    """Servers started together, each config a list of args or (args, env);
+    returned once every one serves. Start-up keeps about one core busy, so
+    starting them together saves wall time; an idle server sleeps (the CPU
+    defaults' sleep_on_idle), so one serving requests has the host to itself.
+    If any fails to start, all are stopped."""
+    servers = []
+    try:
+        for config in configs:
+            args, env = config if isinstance(config, tuple) else (config, None)
+            servers.append(Server(args, env=env, wait=False))
+        for server in servers:
+            server.wait()
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers

@@ -14,11 +14,10 @@ reasons:
 """
 
 import json
-import os
 
 import pytest
 
-from harness import PATHS, TARGET, chat_prompts, run_engine
+from harness import PATHS, TARGET, Job, chat_prompts, run_engines
 
 RAMP = (1, 4, 16, 32, 16, 4, 1)
 GREEDY = {"max_new_tokens": 48, "temperature": 0.0}
@@ -41,11 +40,6 @@ def _demo_prompts(n):
     return mixed_chat_prompts(demo_pair()[0], n)
 
 
-def _adaptive(engine_kwargs, runs, monkeypatch):
-    monkeypatch.setenv("SGLANG_DFLASH_POLICY", ADAPTIVE)
-    return run_engine(engine_kwargs, runs, with_state=True)
-
-
 def _assert_identical(plain, spec):
     for name, run in plain.items():
         want = [r["output_ids"] for r in run["results"]]
@@ -54,7 +48,7 @@ def _assert_identical(plain, spec):
 
 
 @pytest.mark.parametrize("pair", ["demo", "tiny-random"])
-def test_ramp_greedy_identical_across_width_changes(pair, monkeypatch):
+def test_ramp_greedy_identical_across_width_changes(pair):
     if pair == "demo":
         from sglang_dflash.demo import demo_pair
 
@@ -64,9 +58,11 @@ def test_ramp_greedy_identical_across_width_changes(pair, monkeypatch):
         target, drafter = TARGET, PATHS["drafter-random"]
         prompts = chat_prompts(sum(RAMP))
     runs = _ramp_runs(prompts)
-    plain = run_engine({"model_path": target}, runs)
-    spec, state = _adaptive({"model_path": target, "speculative_algorithm": "DFLASH",
-                             "speculative_draft_model_path": drafter}, runs, monkeypatch)
+    dflash = {"model_path": target, "speculative_algorithm": "DFLASH", "speculative_draft_model_path": drafter}
+    # Started together; the adaptive engine runs after plain's has exited, so
+    # its online cost model times steps on an otherwise idle host.
+    plain, (spec, state) = run_engines([Job({"model_path": target}, runs),
+                                        Job(dflash, runs, True, {"SGLANG_DFLASH_POLICY": ADAPTIVE})])
     _assert_identical(plain, spec)
 
     assert state["policy"]["mode"] == "adaptive"

@@ -20,7 +20,7 @@ import threading
 import pytest
 import requests
 
-from harness import PATHS, TARGET, Server, chat_prompts
+from harness import PATHS, TARGET, Server, chat_prompts, start_servers
 from common import free_port
 
 try:
@@ -59,12 +59,12 @@ class _Pair:
     def __init__(self, extra: list[str], decode_extra: list[str] = ()):
         self.bootstrap_port = free_port()
         args = ["--model-path", TARGET, "--dtype", "float32", *TRANSFER, *extra]
-        self.prefill = Server([*args, *PREFILL, "--disaggregation-bootstrap-port", str(self.bootstrap_port)])
-        try:
-            self.decode = Server([*args, *DECODE, *decode_extra])
-        except Exception:
-            self.prefill.stop()
-            raise
+        self.args = ([*args, *PREFILL, "--disaggregation-bootstrap-port", str(self.bootstrap_port)],
+                     [*args, *DECODE, *decode_extra])
+
+    def start(self, prefill: Server, decode: Server):
+        self.prefill, self.decode = prefill, decode
+        return self
 
     def generate(self, text, sampling):
         body = {"text": text, "sampling_params": sampling, "bootstrap_host": "127.0.0.1",
@@ -84,27 +84,31 @@ class _Pair:
             assert responses[name].status_code == 200, (name, responses[name].text)
         return responses["decode"].json()
 
-    def stop(self):
-        self.prefill.stop()
-        self.decode.stop()
-
 
 def _serve_all(pair_or_server, reqs):
-    try:
-        if isinstance(pair_or_server, _Pair):
-            return [pair_or_server.generate(text, sampling) for text, sampling in reqs]
-        url = pair_or_server.url + "/generate"
-        return [requests.post(url, json={"text": text, "sampling_params": sampling}, timeout=300).json()
-                for text, sampling in reqs]
-    finally:
-        pair_or_server.stop()
+    if isinstance(pair_or_server, _Pair):
+        return [pair_or_server.generate(text, sampling) for text, sampling in reqs]
+    url = pair_or_server.url + "/generate"
+    return [requests.post(url, json={"text": text, "sampling_params": sampling}, timeout=300).json()
+            for text, sampling in reqs]
 
 
 def test_dflash_pd_identical_to_plain_pd_and_drafts_from_the_transferred_context():
     reqs = _requests()
-    plain = _serve_all(_Pair([], decode_extra=["--disable-overlap-schedule"]), reqs)
-    pd = _serve_all(_Pair(DFLASH), reqs)
-    single = _serve_all(Server(["--model-path", TARGET, "--dtype", "float32", *DFLASH]), reqs)
+    plain_pair, pd_pair = _Pair([], decode_extra=["--disable-overlap-schedule"]), _Pair(DFLASH)
+    # Both pairs started together; the single server starts while the PD pair serves.
+    servers = start_servers(*plain_pair.args, *pd_pair.args)
+    try:
+        plain = _serve_all(plain_pair.start(*servers[0:2]), reqs)
+        for server in servers[0:2]:
+            server.stop()
+        servers.append(Server(["--model-path", TARGET, "--dtype", "float32", *DFLASH], wait=False))
+        pd = _serve_all(pd_pair.start(*servers[2:4]), reqs)
+        servers[4].wait()
+        single = _serve_all(servers[4], reqs)
+    finally:
+        for server in servers:
+            server.stop()
 
     for i, (want, got) in enumerate(zip(plain, pd)):
         assert got["output_ids"] == want["output_ids"], f"request {i} ({reqs[i][1]}) differs from plain PD"

@@ -10,7 +10,7 @@ runs at the same group sizes, so any difference is the speculative path's.
 
 import pytest
 
-from harness import chat_prompts, dflash_args, output_ids, run_engine
+from harness import Job, chat_prompts, dflash_args, output_ids, run_engines
 
 NUM_PROMPTS = 32
 BATCH_SIZES = (1, 4, 16)
@@ -29,9 +29,19 @@ def prompts():
     return chat_prompts(NUM_PROMPTS)
 
 
+DRAFTERS = ["drafter-random", "drafter-trained", "dflash2-random"]
+
+
 @pytest.fixture(scope="module")
-def plain(prompts):
-    return run_engine({}, _runs(prompts))
+def engines(prompts):
+    """Plain decoding's runs and each drafter's, the engines started together.
+    The random drafters skip batch 1: it is the same path as 4, and 32
+    one-request decodes are the slow part."""
+    jobs = {"plain": Job({}, _runs(prompts))}
+    for drafter in DRAFTERS:
+        sizes = BATCH_SIZES if drafter == "drafter-trained" else BATCH_SIZES[1:]
+        jobs[drafter] = Job(dflash_args(drafter), _runs(prompts, sizes))
+    return dict(zip(jobs, run_engines(list(jobs.values()))))
 
 
 def _check_identical(plain, spec):
@@ -46,19 +56,10 @@ def _accept_lengths(run):
     return [r["meta_info"]["spec_accept_length"] for r in run["results"]]
 
 
-@pytest.fixture(scope="module")
-def trained(prompts):
-    """The trained drafter's runs, shared by the identity test and the paged-path test."""
-    return run_engine(dflash_args("drafter-trained"), _runs(prompts))
-
-
-@pytest.mark.parametrize("drafter", ["drafter-random", "drafter-trained", "dflash2-random"])
-def test_dflash_greedy_identical_to_plain(plain, prompts, drafter, request):
-    if drafter == "drafter-trained":
-        spec = request.getfixturevalue("trained")
-    else:  # batch 1 is the same path as 4, and 32 one-request decodes are the slow part
-        spec = run_engine(dflash_args(drafter), _runs(prompts, BATCH_SIZES[1:]))
-    _check_identical(plain, spec)
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_dflash_greedy_identical_to_plain(engines, drafter):
+    spec = engines[drafter]
+    _check_identical(engines["plain"], spec)
     for name, run in spec.items():
         lengths = _accept_lengths(run)
         assert all(length is not None and length >= 1.0 for length in lengths), name
@@ -81,12 +82,12 @@ def test_demo_pair_greedy_identical_and_speculates():
     demo_prompts = mixed_chat_prompts(target, 12)
     runs = [{"name": f"bs{bs}", "prompts": demo_prompts, "batch_size": bs, "sampling_params": GREEDY}
             for bs in (1, 6)]
-    plain = run_engine({"model_path": target}, runs)
     dflash = {"model_path": target, "speculative_algorithm": "DFLASH", "speculative_draft_model_path": drafter}
     # Both scheduler loops: SGLang's overlap scheduler (the default) and the
     # synchronous one (--disable-overlap-schedule).
-    for overlap in (True, False):
-        spec, state = run_engine({**dflash, "disable_overlap_schedule": not overlap}, runs, with_state=True)
+    plain, *specs = run_engines([Job({"model_path": target}, runs)] + [
+        Job({**dflash, "disable_overlap_schedule": not overlap}, runs, with_state=True) for overlap in (True, False)])
+    for overlap, (spec, state) in zip((True, False), specs):
         assert state["overlap_schedule"] is overlap
         for name in plain:
             assert output_ids(spec[name]) == output_ids(plain[name]), (
@@ -96,20 +97,19 @@ def test_demo_pair_greedy_identical_and_speculates():
             assert mean > 3.0, f"{name}: demo pair mean spec_accept_length {mean:.2f} <= 3.0"
 
 
-def test_paged_context_and_static_draft_greedy_identical_to_plain(plain, prompts, trained, monkeypatch):
+def test_paged_context_and_static_draft_greedy_identical_to_plain(engines, prompts):
     """The drafter reading its context in place (the path the Triton kernel takes on
     CUDA, forced here through its torch twin), first directly, then through the
     draft step on static batch-size buckets (the path a CUDA graph replays,
     eager here; a shrinking batch runs padded to its bucket): identical output,
     and the same drafts as the gathered path (acceptance within float noise)."""
-    gathered = trained
-    monkeypatch.setenv("SGLANG_DFLASH_PAGED_CONTEXT", "1")
-    paged = run_engine(dflash_args("drafter-trained"), _runs(prompts))
-    monkeypatch.setenv("SGLANG_DFLASH_STATIC_DRAFT", "1")
-    static, state = run_engine(dflash_args("drafter-trained"), _runs(prompts), with_state=True)
+    gathered, paged_env = engines["drafter-trained"], {"SGLANG_DFLASH_PAGED_CONTEXT": "1"}
+    paged, (static, state) = run_engines([
+        Job(dflash_args("drafter-trained"), _runs(prompts), env=paged_env),
+        Job(dflash_args("drafter-trained"), _runs(prompts), True, {**paged_env, "SGLANG_DFLASH_STATIC_DRAFT": "1"})])
     assert state["static_draft"]["steps"] > 0 and not state["static_draft"]["captured"], state
     for spec in (paged, static):
-        _check_identical(plain, spec)
+        _check_identical(engines["plain"], spec)
         for name in spec:
             a, b = _accept_lengths(spec[name]), _accept_lengths(gathered[name])
             assert abs(sum(a) - sum(b)) <= 0.02 * sum(b), f"{name}: {sum(a):.2f} vs {sum(b):.2f}"

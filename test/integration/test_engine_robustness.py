@@ -4,7 +4,7 @@ greedy DFLASH output equals plain decoding under the same engine settings."""
 
 import pytest
 
-from harness import chat_prompts, dflash_args, output_ids, run_engine
+from harness import Job, chat_prompts, dflash_args, output_ids, run_engines
 
 GREEDY = {"max_new_tokens": 48, "temperature": 0.0}
 
@@ -28,8 +28,7 @@ def test_chunked_prefill_and_radix_hits(prompts, page_size):
         {"name": "shared", "prompts": shared, "batch_size": 4, "sampling_params": GREEDY},
     ]
     settings = dict(chunked_prefill_size=32, page_size=page_size)
-    plain = run_engine(settings, runs)
-    spec = run_engine({**settings, **dflash_args("drafter-trained")}, runs)
+    plain, spec = run_engines([Job(settings, runs), Job({**settings, **dflash_args("drafter-trained")}, runs)])
     for name in plain:
         assert output_ids(spec[name]) == output_ids(plain[name]), name
     cached = [r["meta_info"]["cached_tokens"] or 0 for r in spec["again"]["results"]]
@@ -62,8 +61,8 @@ def test_mixed_chunked_prefill(prompts, monkeypatch, overlap, policy):
              "sampling_params": penalized}]
     settings = dict(enable_mixed_chunk=True, chunked_prefill_size=64,
                     disable_overlap_schedule=not overlap)
-    plain = run_engine({**settings, "disable_overlap_schedule": True}, runs)
-    spec, state = run_engine({**settings, **dflash_args("drafter-trained")}, runs, with_state=True)
+    plain, (spec, state) = run_engines([Job({**settings, "disable_overlap_schedule": True}, runs),
+                                        Job({**settings, **dflash_args("drafter-trained")}, runs, True)])
     for name in plain:
         for i, (want, got) in enumerate(zip(output_ids(plain[name]), output_ids(spec[name]))):
             assert got == want, f"{name} request {i}"
@@ -85,8 +84,7 @@ def test_retraction_under_kv_pressure():
     runs = [{"name": "all", "prompts": prompts, "batch_size": 12,
              "sampling_params": {"max_new_tokens": 160, "temperature": 0.0}}]
     settings = dict(max_total_tokens=600, max_running_requests=12, schedule_conservativeness=0.01)
-    plain = run_engine(settings, runs)
-    spec = run_engine({**settings, **dflash_args("drafter-trained")}, runs)
+    plain, spec = run_engines([Job(settings, runs), Job({**settings, **dflash_args("drafter-trained")}, runs)])
     assert output_ids(spec["all"]) == output_ids(plain["all"])
     retractions = sum(r["meta_info"]["num_retractions"] or 0 for r in spec["all"]["results"])
     assert retractions > 0, "the setting no longer forces a retraction; shrink max_total_tokens"

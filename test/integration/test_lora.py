@@ -23,7 +23,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from harness import PATHS, chat_prompts, dflash_args, output_ids, run_engine
+from harness import PATHS, Job, chat_prompts, dflash_args, output_ids, run_engines
 
 RANK = 8
 
@@ -63,8 +63,13 @@ def make_adapter(path: str, seed: int, with_embedding: bool = False) -> str:
     return path
 
 
+POLICIES = ('{"mode": "on"}', '{"mode": "fixed", "fixed_width": 2}', '{"mode": "off"}')
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
+    """Plain LoRA serving's runs, DFLASH's under each policy and at --tp-size 2,
+    the engines started together."""
     root = tmp_path_factory.mktemp("lora")
     adapters = {"layers": make_adapter(str(root / "layers"), 0),
                 "embedding": make_adapter(str(root / "embedding"), 1, with_embedding=True)}
@@ -79,7 +84,11 @@ def setup(tmp_path_factory):
         {"name": "late", "prompts": prompts, "batch_size": 4, "load_lora": {"late": late},
          "lora_path": ["late", None, "late", "layers"], "sampling_params": greedy},
     ]
-    return {"engine": engine, "runs": runs, "plain": run_engine(engine, runs)}
+    spec = {**engine, **dflash_args("drafter-trained")}
+    jobs = {"plain": Job(engine, runs), "tp2": Job({**spec, "tp_size": 2}, runs[:1])}
+    for policy in POLICIES:
+        jobs[policy] = Job(spec, runs, True, {"SGLANG_DFLASH_POLICY": policy})
+    return dict(zip(jobs, run_engines(list(jobs.values()))))
 
 
 def test_adapters_change_the_plain_output(setup):
@@ -90,13 +99,9 @@ def test_adapters_change_the_plain_output(setup):
         assert base != layers and base != embedding and layers != embedding, prompt
 
 
-@pytest.mark.parametrize("policy, width", [('{"mode": "on"}', 7),
-                                           ('{"mode": "fixed", "fixed_width": 2}', 2),
-                                           ('{"mode": "off"}', 0)], ids=["full-block", "width-2", "off"])
-def test_lora_greedy_identical_to_plain_lora(setup, monkeypatch, policy, width):
-    monkeypatch.setenv("SGLANG_DFLASH_POLICY", policy)
-    spec, state = run_engine({**setup["engine"], **dflash_args("drafter-trained")}, setup["runs"],
-                             with_state=True)
+@pytest.mark.parametrize("policy, width", zip(POLICIES, (7, 2, 0)), ids=["full-block", "width-2", "off"])
+def test_lora_greedy_identical_to_plain_lora(setup, policy, width):
+    spec, state = setup[policy]
     for name in ("mixed", "late"):
         want, got = output_ids(setup["plain"][name]), output_ids(spec[name])
         for i, (w, g) in enumerate(zip(want, got)):
@@ -113,8 +118,7 @@ def test_lora_under_tp2_identical_to_plain_lora(setup):
     embedding and vocabulary-parallel head unwrapped per rank. The oracle is plain
     LoRA serving on one rank (test_tensor_parallel.py shows plain --tp 2 equals it
     on this target)."""
-    spec = run_engine({**setup["engine"], **dflash_args("drafter-trained"), "tp_size": 2},
-                      setup["runs"][:1])
+    spec = setup["tp2"]
     want, got = output_ids(setup["plain"]["mixed"]), output_ids(spec["mixed"])
     for i, (w, g) in enumerate(zip(want, got)):
         assert g == w, f"request {i}: {g} != plain {w}"

@@ -8,7 +8,7 @@ The n-gram corpus is SGLang's C++ module, JIT-built with the host's C++
 compiler on first use (cached under ~/.cache/sglang/jit).
 """
 
-from harness import chat_prompts, run_engine
+from harness import Job, chat_prompts, run_engines
 
 PROMPTS = 12
 GREEDY = {"max_new_tokens": 48, "temperature": 0.0}
@@ -23,8 +23,7 @@ def _runs(prompts):
 
 def test_ngram_greedy_identical_to_plain():
     prompts = chat_prompts(PROMPTS)
-    plain = run_engine({}, _runs(prompts))
-    ngram = run_engine(NGRAM, _runs(prompts), timeout=3000)
+    plain, ngram = run_engines([Job({}, _runs(prompts)), Job(NGRAM, _runs(prompts))], timeout=3000)
     accepted = []
     for name, run in plain.items():
         want = [r["output_ids"] for r in run["results"]]

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from harness import Server
+from harness import start_servers
 from sglang_dflash.demo import demo_pair
 
 EGGS = ("<|im_start|>user\nJanet has 16 eggs and eats 3. How many are left?<|im_end|>\n"
@@ -28,7 +28,7 @@ PROMPTS = [
 ]
 
 
-def _serve(spec: bool, sync: bool = False) -> Server:
+def _args(spec: bool, sync: bool = False) -> list[str]:
     target, drafter = demo_pair()
     args = ["--model-path", target, "--dtype", "float32", "--grammar-backend", "xgrammar",
             "--enable-custom-logit-processor"]
@@ -36,22 +36,25 @@ def _serve(spec: bool, sync: bool = False) -> Server:
         args += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drafter]
     if sync:
         args.append("--disable-overlap-schedule")
-    return Server(args)
+    return args
 
 
 @pytest.fixture(scope="module")
-def servers():
-    """(plain, DFLASH): the harness pins the policy to always-on (every step verifies
-    the whole block)."""
-    plain = _serve(spec=False, sync=True)
-    try:
-        dflash = _serve(spec=True)
-    except Exception:
-        plain.stop()
-        raise
-    yield plain, dflash
-    dflash.stop()
-    plain.stop()
+def all_servers():
+    """(plain, DFLASH, DFLASH with speculation off), started together: the
+    harness pins the policy to always-on (every step verifies the whole
+    block); the third runs every decode step at W = 0."""
+    servers = start_servers(_args(spec=False, sync=True), _args(spec=True),
+                            (_args(spec=True), {"SGLANG_DFLASH_POLICY": '{"mode": "off"}'}))
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def servers(all_servers):
+    """(plain, DFLASH)."""
+    return all_servers[:2]
 
 
 def _gen(server, text, timeout=300, **params):
@@ -302,35 +305,30 @@ def test_return_hidden_states_is_refused_and_server_keeps_serving(servers):
     assert _gen(dflash, EGGS)["output_ids"] == _gen(plain, EGGS)["output_ids"]
 
 
-def test_off_path_request_features_equal_plain(servers, monkeypatch):
+def test_off_path_request_features_equal_plain(all_servers):
     """Speculation off (every decode step W = 0: the target's DECODE forward,
     what the adaptive policy runs under load): penalties, grammar, logit bias,
     a custom logit processor, logprobs and sampling masks, concurrently in one
     batch, each equal to plain's answer."""
-    plain, _ = servers
-    monkeypatch.setenv("SGLANG_DFLASH_POLICY", '{"mode": "off"}')
-    off = _serve(spec=True)
-    try:
-        base = _gen(plain, EGGS)["output_ids"]
-        requests_ = [
-            dict(text=PROMPTS[0], return_logprob=True, top_logprobs_num=2, return_sampling_mask=True),
-            dict(text=PROMPTS[1], repetition_penalty=1.3),
-            dict(text=PROMPTS[2], frequency_penalty=0.7, min_new_tokens=30),
-            dict(text=PROMPTS[0], regex=r"(yes|no), [a-z]+ [0-9]{1,3}\."),
-            dict(text=EGGS, logit_bias={str(base[3]): -100.0, str(base[6]): 5.0}),
-            dict(text=EGGS, custom_logit_processor=_disallowed_tokens_processor(),
-                 custom_params={"token_ids": [base[2], base[5]]}),
-        ]
-        got, want = _concurrent_equal_plain(off, plain, requests_)
-        g, w = got[0]["meta_info"], want[0]["meta_info"]
-        assert _close([v for v, *_ in g["output_token_logprobs"]], [v for v, *_ in w["output_token_logprobs"]])
-        assert [[t for _, t, *_ in x] for x in g["output_top_logprobs"]] == \
-            [[t for _, t, *_ in x] for x in w["output_top_logprobs"]]
-        assert g["output_token_sampling_mask"] == w["output_token_sampling_mask"]
-        state = requests.get(off.url + "/get_server_info", timeout=60).json()["internal_states"][0]["dflash"]
-        assert state["steps_by_width"][0] == state["steps"] > 0, state  # every decode step ran W = 0
-    finally:
-        off.stop()
+    plain, _, off = all_servers
+    base = _gen(plain, EGGS)["output_ids"]
+    requests_ = [
+        dict(text=PROMPTS[0], return_logprob=True, top_logprobs_num=2, return_sampling_mask=True),
+        dict(text=PROMPTS[1], repetition_penalty=1.3),
+        dict(text=PROMPTS[2], frequency_penalty=0.7, min_new_tokens=30),
+        dict(text=PROMPTS[0], regex=r"(yes|no), [a-z]+ [0-9]{1,3}\."),
+        dict(text=EGGS, logit_bias={str(base[3]): -100.0, str(base[6]): 5.0}),
+        dict(text=EGGS, custom_logit_processor=_disallowed_tokens_processor(),
+             custom_params={"token_ids": [base[2], base[5]]}),
+    ]
+    got, want = _concurrent_equal_plain(off, plain, requests_)
+    g, w = got[0]["meta_info"], want[0]["meta_info"]
+    assert _close([v for v, *_ in g["output_token_logprobs"]], [v for v, *_ in w["output_token_logprobs"]])
+    assert [[t for _, t, *_ in x] for x in g["output_top_logprobs"]] == \
+        [[t for _, t, *_ in x] for x in w["output_top_logprobs"]]
+    assert g["output_token_sampling_mask"] == w["output_token_sampling_mask"]
+    state = requests.get(off.url + "/get_server_info", timeout=60).json()["internal_states"][0]["dflash"]
+    assert state["steps_by_width"][0] == state["steps"] > 0, state  # every decode step ran W = 0
 
 
 def _session_turns(server):

@@ -11,18 +11,18 @@ import time
 import pytest
 import requests
 
-from harness import PATHS, TARGET, Server, chat_prompts
+from harness import PATHS, TARGET, chat_prompts, start_servers
 
 PROMPTS = 8
 MAX_NEW = 32
 
 
-def _serve(spec: bool) -> Server:
+def _args(spec: bool) -> list[str]:
     args = ["--model-path", TARGET, "--dtype", "float32"]
     if spec:
         args += ["--speculative-algorithm", "DFLASH",
                  "--speculative-draft-model-path", PATHS["drafter-trained"]]
-    return Server(args)
+    return args
 
 
 @pytest.fixture(scope="module")
@@ -30,27 +30,26 @@ def prompts():
     return chat_prompts(PROMPTS)
 
 
-@pytest.fixture(scope="module")
-def plain_outputs(prompts):
-    server = _serve(spec=False)
-    try:
-        return [_generate(server, p) for p in prompts]
-    finally:
-        server.stop()
-
-
 TRACE = os.path.join(tempfile.mkdtemp(prefix="dflash-trace-"), "steps.jsonl")
 
 
 @pytest.fixture(scope="module")
-def server():
-    os.environ["SGLANG_DFLASH_STEP_TRACE"] = TRACE  # the server process inherits it
-    try:
-        srv = _serve(spec=True)
-    finally:
-        del os.environ["SGLANG_DFLASH_STEP_TRACE"]
-    yield srv
-    srv.stop()
+def servers():
+    """(plain, DFLASH), started together; the DFLASH server traces its steps to TRACE."""
+    plain, spec = start_servers(_args(spec=False), (_args(spec=True), {"SGLANG_DFLASH_STEP_TRACE": TRACE}))
+    yield plain, spec
+    spec.stop()
+    plain.stop()
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(servers, prompts):
+    return [_generate(servers[0], p) for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def server(servers):
+    return servers[1]
 
 
 def _generate(server, prompt, **params):

@@ -24,7 +24,7 @@ import pytest
 import requests
 import torch
 
-from harness import Server, rewrite_checkpoint, run_engine
+from harness import Job, Server, rewrite_checkpoint, run_engine, run_engines
 from sampling_power import (P_MIN, SAMPLING, exact_distributions, feature_probs, min_fit_p, min_p,
                             sampled_features)
 
@@ -67,22 +67,30 @@ def _sampling_run(demo):
 
 
 @pytest.fixture(scope="module")
-def plain_tp2(demo):
-    return run_engine(_engine(demo, tp_size=2), _greedy_runs(demo) + [_sampling_run(demo)])
+def engines(demo):
+    """Plain --tp 2, DFLASH --tp 1 and DFLASH --tp 2 (adaptive, ranks checked
+    against each other every step), started together."""
+    tp2_env = {"SGLANG_DFLASH_POLICY": ADAPTIVE, "SGLANG_DFLASH_TP_CHECK": "1"}
+    return run_engines([
+        Job(_engine(demo, tp_size=2), _greedy_runs(demo) + [_sampling_run(demo)]),
+        Job(_engine(demo, **_dflash(demo)), _greedy_runs(demo)),
+        Job(_engine(demo, tp_size=2, **_dflash(demo)), _greedy_runs(demo) + [_sampling_run(demo)], True, tp2_env),
+    ])
 
 
 @pytest.fixture(scope="module")
-def dflash_tp1(demo):
-    return run_engine(_engine(demo, **_dflash(demo)), _greedy_runs(demo))
+def plain_tp2(engines):
+    return engines[0]
 
 
 @pytest.fixture(scope="module")
-def dflash_tp2(demo):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SGLANG_DFLASH_POLICY", ADAPTIVE)
-        mp.setenv("SGLANG_DFLASH_TP_CHECK", "1")
-        return run_engine(_engine(demo, tp_size=2, **_dflash(demo)),
-                          _greedy_runs(demo) + [_sampling_run(demo)], with_state=True)
+def dflash_tp1(engines):
+    return engines[1]
+
+
+@pytest.fixture(scope="module")
+def dflash_tp2(engines):
+    return engines[2]
 
 
 def _ids(run):

@@ -24,7 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness import PATHS, TARGET, chat_prompts, output_ids, rewrite_checkpoint, run_engine
+from harness import PATHS, TARGET, Job, chat_prompts, output_ids, rewrite_checkpoint, run_engines
 
 SAMPLING = {"max_new_tokens": 48, "temperature": 0}
 MASK_ID = 3  # the tiny drafters' mask_token_id
@@ -67,7 +67,7 @@ def engines(ckpt):
     to_trained_bucket = {**to_trained, "load_format": "flattened_bucket"}
     to_target2 = {"op": "disk", "path": ckpt["target2"]}
     target2_tensors = {"op": "tensor", "path": ckpt["target2"], "selector": "all"}
-    live = run_engine({"speculative_algorithm": "DFLASH", "speculative_draft_model_path": ckpt["random"]}, [
+    live = Job({"speculative_algorithm": "DFLASH", "speculative_draft_model_path": ckpt["random"]}, [
         _gen("start", checksums),
         _gen("bad_name", {**to_trained, "extra": {"layers.7.mlp.gate_proj.weight": [128, 64]}}),
         _gen("bad_shape", {"op": "tensor", "path": None, "selector": "draft", "extra": {"fc.weight": [3, 3]}}),
@@ -78,11 +78,9 @@ def engines(ckpt):
     ])
     fresh = {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": ckpt["trained"],
              "model_path": ckpt["target2"]}
-    return {
-        "live": live,
-        "fresh": run_engine(fresh, [_gen("s", checksums)])["s"],
-        "plain": run_engine({}, [_gen("start"), _gen("disk", to_target2), _gen("all", target2_tensors)]),
-    }
+    plain = Job({}, [_gen("start"), _gen("disk", to_target2), _gen("all", target2_tensors)])
+    live, fresh, plain = run_engines([live, Job(fresh, [_gen("s", checksums)]), plain])
+    return {"live": live, "fresh": fresh["s"], "plain": plain}
 
 
 def test_output_equals_plain_after_every_update(engines):
