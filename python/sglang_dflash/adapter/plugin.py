@@ -141,4 +141,7 @@ def register() -> None:
     from sglang_dflash.adapter import disaggregation
 
     disaggregation.register(HookRegistry, HookType)
+    from sglang_dflash.adapter import cpu_gdn
+
+    HookRegistry.register(cpu_gdn.GATED_NORM_TARGET, cpu_gdn.torch_gated_norm_on_cpu, HookType.AROUND)
     _registered = True

@@ -6,7 +6,8 @@ plain torch in `ops.py`; every other attribute resolves to a callable that
 raises `NotImplementedError` naming the op, so nothing silently returns
 garbage. We register no `torch.ops.sgl_kernel` ops on purpose: SGLang probes
 `torch.ops.sgl_kernel.convert_weight_packed` to decide whether the Intel AMX
-backend is usable, and it is not.
+backend is usable, and it is not. The GDN ops of hybrid targets (`mamba.py`)
+that SGLang reads from that namespace are attached there as plain callables.
 """
 
 import importlib
@@ -45,3 +46,17 @@ def __getattr__(name: str):
 # A real submodule (SGLang imports `sgl_kernel.speculative`), imported by name:
 # `from . import speculative` would find the MissingOp of `__getattr__` instead.
 speculative = importlib.import_module(__name__ + ".speculative")
+mamba = importlib.import_module(__name__ + ".mamba")  # the GDN ops of hybrid targets
+
+
+def _bind_gdn_ops() -> None:
+    """SGLang's CPU GDN code binds these `torch.ops.sgl_kernel` names at import;
+    they are attached as plain Python callables (no op registered, so nothing
+    else in that namespace, `convert_weight_packed` included, appears)."""
+    import torch
+
+    for name, fn in mamba.GDN_TORCH_OPS.items():
+        setattr(torch.ops.sgl_kernel, name, fn)
+
+
+_bind_gdn_ops()
