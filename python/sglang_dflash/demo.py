@@ -21,7 +21,8 @@ DEMO_ASSETS = os.path.join(_HERE, "assets", "demo")
 
 def tiny_paths() -> dict[str, str]:
     """Directories of the bundled tiny models by role."""
-    names = ("target", "drafter-random", "drafter-trained", "dflash2-random")
+    names = ("target", "drafter-random", "drafter-trained", "dflash2-random",
+             "hybrid-target", "hybrid-drafter-trained")
     return {name: os.path.join(ASSETS, name) for name in names}
 
 

@@ -1,11 +1,15 @@
-"""Targets this worker can serve: full-attention decoder stacks with one KV pool.
+"""Targets this worker can serve: full-attention decoder stacks with one KV pool,
+and the Gated DeltaNet hybrids (Qwen3.5, Qwen3-Next).
 
-The worker indexes the drafter's context by the target's KV slot ids and sizes
-it from the target's first layer's key buffer, and the verify attention reads
-one full-attention pool. A target with linear-attention / state-space layers
-(Qwen3-Next, Qwen3.5, Mamba hybrids) or sliding-window layers (a second, windowed
-KV pool) breaks those assumptions, so it is refused at start-up with the reason
-rather than served with wrong output.
+The worker indexes the drafter's context by the target's KV slot ids, and the
+verify attention reads one full-attention pool. A GDN hybrid keeps that pool for
+its full-attention layers and a per-request recurrent state for its linear
+ones, which a verify leaves untouched (SGLang's GDN verify keeps the state after
+each position) and the worker commits at the accepted position
+(`adapter/linear_state.py`). Other state-space hybrids (Mamba, Jamba, ...) have
+no DFLASH layer capture in SGLang, and sliding-window layers need a second,
+windowed KV pool: both are refused at start-up with the reason rather than
+served with wrong output.
 """
 
 from __future__ import annotations
@@ -17,11 +21,27 @@ _HYBRID_KEYS = ("full_attention_interval", "hybrid_override_pattern", "linear_nu
                 "linear_key_head_dim", "mamba_d_state", "ssm_state_size", "attn_layer_indices")
 _HYBRID_TYPES = ("mamba", "jamba", "zamba", "falcon_h1", "nemotron_h", "qwen3_next", "qwen3_5",
                  "granitemoehybrid", "lfm2", "minimax")
+# GDN hybrids SGLang serves under DFLASH (their models capture the drafter's layers).
+GDN_HYBRID_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next")
+_GDN_LAYER_TYPES = {"full_attention", "linear_attention"}
+
+
+def is_gdn_hybrid(config: Mapping[str, Any]) -> bool:
+    return str(config.get("model_type", "")).lower() in GDN_HYBRID_TYPES
 
 
 def unsupported_target_reason(config: Mapping[str, Any]) -> str | None:
     """Why a target (its HF text config as a dict) cannot be served, or None."""
     model_type = str(config.get("model_type", "")).lower()
+    if is_gdn_hybrid(config):
+        types = config.get("layer_types")
+        other = sorted({str(t) for t in types or ()} - _GDN_LAYER_TYPES)
+        if other:
+            return f"layer_types has {other} layers (a GDN hybrid has full and linear attention only)"
+        if config.get("full_attention_interval") is None:
+            return ("its config has no full_attention_interval (SGLang places the hybrid's "
+                    "full-attention layers by it)")
+        return None
     if any(t in model_type for t in _HYBRID_TYPES):
         return f"model_type {model_type!r} has linear-attention / state-space layers"
     hybrid = [k for k in _HYBRID_KEYS if config.get(k) is not None]

@@ -315,7 +315,7 @@ ASSETS = Path(sys.modules["sglang_dflash"].__file__).resolve().parent / "assets"
 
 
 @pytest.mark.parametrize("name,version", [("drafter-random", 1), ("dflash2-random", 2),
-                                          ("drafter-trained", 1)])
+                                          ("drafter-trained", 1), ("hybrid-drafter-trained", 1)])
 def test_bundled_tiny_drafters_load(name, version):
     if not (ASSETS / name / "config.json").is_file():
         pytest.skip(f"{ASSETS / name} not built (python -m sglang_dflash.tools.tiny_models)")

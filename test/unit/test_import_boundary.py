@@ -41,6 +41,8 @@ CORE_MODULES = [
     "sglang_dflash.tools.random_target",
     "sglang_dflash.tools.chat_tokenizer",
     "sglang_dflash.tools.tiny_models",
+    "sglang_dflash.tools.tiny_hybrid",
+    "sglang_dflash.adapter.linear_state",
 ]
 
 

@@ -1,4 +1,4 @@
-"""Targets the worker refuses at start-up, each with a named reason."""
+"""Targets the worker serves, and those it refuses at start-up, each with a named reason."""
 
 import pytest
 from sglang_dflash.target_support import unsupported_target_reason
@@ -11,9 +11,20 @@ def test_full_attention_targets_are_served():
                                       "use_sliding_window": False}) is None
 
 
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_next"])
+def test_gdn_hybrids_are_served(model_type):
+    """Gated DeltaNet hybrids: the worker commits their recurrent state (linear_state.py)."""
+    config = {"model_type": model_type, "full_attention_interval": 4,
+              "layer_types": ["linear_attention"] * 3 + ["full_attention"]}
+    assert unsupported_target_reason(config) is None
+
+
 @pytest.mark.parametrize("config, needle", [
-    ({"model_type": "qwen3_next", "full_attention_interval": 4}, "qwen3_next"),
-    ({"model_type": "qwen3_5_text"}, "linear-attention"),
+    ({"model_type": "qwen3_next"}, "full_attention_interval"),
+    ({"model_type": "qwen3_5_text", "full_attention_interval": 2,
+      "layer_types": ["linear_attention", "sliding_attention"]}, "sliding_attention"),
+    ({"model_type": "jamba", "attn_layer_indices": [3]}, "linear-attention"),
+    ({"model_type": "nemotron_h"}, "linear-attention"),
     ({"model_type": "custom", "full_attention_interval": 4}, "full_attention_interval"),
     ({"model_type": "llama", "layer_types": ["full_attention", "linear_attention"]}, "linear_attention"),
     ({"model_type": "gemma3_text", "layer_types": ["sliding_attention", "full_attention"]}, "sliding_attention"),

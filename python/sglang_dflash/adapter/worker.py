@@ -56,6 +56,7 @@ from sglang_dflash.context import DraftContext, DraftKVCache, GatheredContext
 from sglang_dflash.draft import make_blocks, plan_commit
 from sglang_dflash.model import PagedContext
 from sglang_dflash.adapter.disaggregation import ContextPoolView
+from sglang_dflash.adapter.linear_state import commit_accepted_state, has_linear_state
 from sglang_dflash.adapter.server_args import policy_config
 from sglang_dflash.adapter.tensor_parallel import local_row, tensor_parallel, vocab_head
 from sglang_dflash.adapter.verify_logits import VerifyLogits
@@ -154,6 +155,7 @@ class DFlashWorker(BaseSpecWorker):
         self.drafter_weight_checker = WeightChecker(get_model=lambda: self.drafter)
         self.context: DraftContext | None = None  # drafter context K/V (alloc_memory_pool)
         self.verify_logits: VerifyLogits | None = None  # penalties, grammar, bias (alloc_memory_pool)
+        self.linear_state = False  # a GDN hybrid target: commit its recurrent state (alloc_memory_pool)
         # Draws for the selector walk and the accept tests; independent of the
         # target sampler's stream (docs/design.md §6.5 item 3).
         self.generator = torch.Generator(device=self.device)
@@ -267,7 +269,8 @@ class DFlashWorker(BaseSpecWorker):
     ):
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
-        num_slots = self.model_runner.token_to_kv_pool.get_key_buffer(0).shape[0]
+        num_slots = _kv_pool_rows(self.model_runner)
+        self.linear_state = has_linear_state(self.model_runner)
         cfg = self.drafter.cfg
         kv = DraftKVCache(
             num_layers=cfg.num_hidden_layers,
@@ -404,7 +407,7 @@ class DFlashWorker(BaseSpecWorker):
         prefix = torch.tensor(batch.prefix_lens, dtype=torch.int64, device=self.device)
         lens = torch.tensor(batch.extend_lens, dtype=torch.int64, device=self.device)
         positions = _extend_positions(prefix, lens)
-        if self.policy.width == 0:
+        if self.policy.width == 0 and self.context.deferrable:
             # Speculation off: the prompt's rows wait with the decode steps'
             # (projected in one pass when the drafter next reads, or the queue
             # is full). Eagerly, every prefill projected its own rows and
@@ -474,6 +477,8 @@ class DFlashWorker(BaseSpecWorker):
                                "the verified tokens")
         self.verify_logits.on_commit(batch, result.tokens, result.accept_len)
         plan = plan_commit(result.accept_len, prefix)
+        if self.linear_state:  # a GDN hybrid: its recurrent state at the accepted position
+            commit_accepted_state(self.model_runner, plan.commit_lens)
         self._report_sampling(batch, draft_input, logits_output, result.tokens, plan.commit_lens)
         if on_publish is not None:
             on_publish(plan.new_seq_lens)
@@ -519,8 +524,11 @@ class DFlashWorker(BaseSpecWorker):
             on_publish(new_seq_lens)
         # The anchor's row becomes drafter context, deferred: projected in one
         # pass when the drafter next reads. A copy: a deferred row must not
-        # alias the forward's output buffer.
-        self.context.commit(logits_output.hidden_states.clone(), prefix, cache_loc[:, 0], defer=True)
+        # alias the forward's output buffer (a context that never defers, on a
+        # PD server, writes it at once).
+        hidden = logits_output.hidden_states
+        self.context.commit(hidden.clone() if self.context.deferrable else hidden, prefix, cache_loc[:, 0],
+                            defer=True)
         logits_output.hidden_states = None
         self._pending_steps.append((0, bs, self.policy.steps - 1))
         return self._step_result(logits_output, bonus.unsqueeze(1), bonus, None, new_seq_lens)
@@ -766,6 +774,16 @@ class DFlashWorker(BaseSpecWorker):
     @property
     def drafter_dtype(self):
         return next(self.drafter.parameters()).dtype
+
+
+def _kv_pool_rows(model_runner) -> int:
+    """Rows of the target's full-attention KV pool (the token slot ids). A GDN
+    hybrid's pool holds its full-attention layers only, indexed by model layer
+    id; the first one is asked."""
+    pool = model_runner.token_to_kv_pool
+    mapping = getattr(pool, "full_attention_layer_id_mapping", None)
+    layer = min(mapping) if mapping else 0
+    return pool.get_key_buffer(layer).shape[0]
 
 
 def _decode_graphs_enabled() -> bool:

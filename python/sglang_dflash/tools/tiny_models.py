@@ -335,8 +335,9 @@ Command:
 # ---------------------------------------------------------------------------
 
 
-def _parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser(description: str) -> argparse.ArgumentParser:
+    """The output directory, the text source and the drafter-training settings."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA)
     p.add_argument("--seed", type=int, default=0)
@@ -345,6 +346,18 @@ def _parse_args(argv=None):
     p.add_argument("--gen-tokens", type=int, default=136)
     p.add_argument("--eval-prompts", type=int, default=16)
     p.add_argument("--eval-tokens", type=int, default=128)
+    return p
+
+
+def deterministic_build(name: str):
+    """One thread, deterministic kernels; returns a progress logger."""
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    return lambda msg: print(f"[{name}] {msg}", flush=True)
+
+
+def _parse_args(argv=None):
+    p = build_parser(__doc__.split("\n\n")[0])
     p.add_argument("--skip-training", action="store_true", help="random models only")
     args = p.parse_args(argv)
     args.out_display = os.path.relpath(args.out.resolve(), REPO_ROOT)
@@ -360,9 +373,7 @@ def _fresh_dir(path: Path) -> Path:
 
 def main(argv=None) -> None:
     args = _parse_args(argv)
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    log = lambda msg: print(f"[tiny_models] {msg}", flush=True)  # noqa: E731
+    log = deterministic_build("tiny_models")
     start = time.time()
     corpus = load_corpus(args.data_dir)
     log(f"text from {corpus['source']}: {len(corpus['tokenizer'])} tokenizer texts")

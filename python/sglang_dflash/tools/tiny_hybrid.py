@@ -1,0 +1,101 @@
+"""Build the tiny hybrid test pair: a Gated DeltaNet target and a drafter trained on it.
+
+    python -m sglang_dflash.tools.tiny_hybrid --out python/sglang_dflash/assets/tiny
+
+writes, next to the dense tiny models (`tiny_models.py`, whose tokenizer it reuses):
+
+* `hybrid-target/`: a random HF `Qwen3_5ForCausalLM` (model_type qwen3_5_text) of
+  the dense tiny target's sizes (H 64, 4 layers, FFN 128, vocab 1024), layers
+  0 and 2 Gated DeltaNet (2 key / 4 value heads of 16, conv width 4), layers 1
+  and 3 gated full attention (4 / 2 heads of 16), with the dense target's
+  embedding and head scales (a bigram-like chain a small drafter learns).
+  Its config.json carries `full_attention_interval` (SGLang places the
+  full-attention layers by it; transformers writes only `layer_types`).
+* `hybrid-drafter-trained/`: DFlash v1, 2 layers, block 8, taps [0, 2], trained on
+  the target's own greedy continuations as `drafter-trained/` is; its measured
+  acceptance goes to `HYBRID.md`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from ..checkpoint import save_drafter
+from . import tiny_models as tiny
+
+LINEAR_DIMS = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                   linear_value_head_dim=16, linear_conv_kernel_dim=4)
+FULL_ATTENTION_INTERVAL = 2  # layers 1 and 3 (SGLang: full where (i + 1) % interval == 0)
+
+
+def build_hybrid_target(tokenizer, seed: int):
+    from transformers import GenerationConfig, Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    eos, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    layers = tiny.TARGET_DIMS["num_hidden_layers"]
+    kinds = ["full_attention" if (i + 1) % FULL_ATTENTION_INTERVAL == 0 else "linear_attention"
+             for i in range(layers)]
+    config = Qwen3_5TextConfig(vocab_size=len(tokenizer), tie_word_embeddings=False, bos_token_id=None,
+                               eos_token_id=eos, pad_token_id=pad, layer_types=kinds,
+                               **tiny.TARGET_DIMS, **LINEAR_DIMS)
+    torch.manual_seed(seed)
+    model = Qwen3_5ForCausalLM(config).float().eval()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.normal_(0.0, tiny.EMBED_STD)
+        model.lm_head.weight.normal_(0.0, tiny.HEAD_STD)
+    model.generation_config = GenerationConfig(
+        bos_token_id=None, eos_token_id=eos, pad_token_id=pad, do_sample=False)
+    return model
+
+
+def save_hybrid_target(model, tokenizer, out: Path) -> None:
+    tiny.save_target(model, tokenizer, out)
+    path = out / "config.json"
+    config = json.loads(path.read_text())
+    config["full_attention_interval"] = FULL_ATTENTION_INTERVAL
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def write_hybrid_md(path: Path, info: dict, args, seconds: float) -> None:
+    report, tcfg = info["report"], info["config"]
+    path.write_text(f"""# Tiny hybrid test pair
+
+Built by `sglang_dflash.tools.tiny_hybrid` (float32, seed {args.seed}; see its docstring),
+with the tokenizer of `target/`:
+
+* `hybrid-target/`: random HF Qwen3_5ForCausalLM (qwen3_5_text): H 64, 4 layers
+  (0 and 2 Gated DeltaNet, 1 and 3 gated full attention), FFN 128, vocab 1024,
+  untied head; embeddings std {tiny.EMBED_STD}, head std {tiny.HEAD_STD}.
+* `hybrid-drafter-trained/`: DFlash v1 drafter (2 layers, block {tiny.BLOCK_SIZE},
+  target_layer_ids {tiny.TRAINED_LAYER_IDS}), trained as `drafter-trained/` is
+  ({info['num_sequences']} prompts continued by the target's greedy decoding,
+  {tcfg.steps} steps).
+* **Held-out greedy acceptance** (bonus included, {info['heldout']} prompts of
+  {tiny.PROMPT_LEN} tokens, {args.eval_tokens} new tokens, reference loop):
+  {report.mean_acceptance_length:.3f}.
+* **Build time.** {seconds:.0f} s on CPU, 1 thread.
+""")
+
+
+def main(argv=None) -> None:
+    from transformers import AutoTokenizer
+
+    args = tiny.build_parser(__doc__.split("\n\n")[0]).parse_args(argv)
+    log = tiny.deterministic_build("tiny_hybrid")
+    start = time.time()
+    tokenizer = AutoTokenizer.from_pretrained(args.out / "target")
+    target = build_hybrid_target(tokenizer, args.seed)
+    save_hybrid_target(target, tokenizer, tiny._fresh_dir(args.out / "hybrid-target"))
+    corpus = tiny.load_corpus(args.data_dir)
+    drafter, cfg_dict, info = tiny.train_tiny_drafter(target, tokenizer, corpus, args, log)
+    save_drafter(drafter, cfg_dict, tiny._fresh_dir(args.out / "hybrid-drafter-trained"))
+    write_hybrid_md(args.out / "HYBRID.md", info, args, time.time() - start)
+    log(f"done in {time.time() - start:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
