@@ -7,7 +7,8 @@ past the anchor. Oracle: the same engine without speculation, which in turn
 equals transformers' Qwen3.5 reference (the stand-in's GDN ops serve plain
 decoding). Chunked prefill (chunks of 32) makes the prompts' states continue
 across chunks. DFLASH runs always on (the whole block), at a fixed width of 2,
-and off (every decode step a plain DECODE forward through our worker).
+off (every decode step a plain DECODE forward through our worker) and adaptive
+(the default: the width changes between steps).
 """
 
 import pytest
@@ -26,7 +27,8 @@ PATHS = tiny_paths()
 # GPUs (start-up fails), so it is off here.
 ENGINE = {"model_path": PATHS["hybrid-target"], "max_mamba_cache_size": 64, "chunked_prefill_size": 32,
           "disable_radix_cache": True}
-POLICIES = {"on": '{"mode": "on"}', "width 2": '{"mode": "fixed", "fixed_width": 2}', "off": '{"mode": "off"}'}
+POLICIES = {"on": '{"mode": "on"}', "width 2": '{"mode": "fixed", "fixed_width": 2}', "off": '{"mode": "off"}',
+            "adaptive": '{"mode": "adaptive", "probe_interval": 8}'}
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +72,9 @@ def test_dflash_greedy_identical_to_plain(engines, policy):
     widths = state["steps_by_width"]
     if policy == "off":
         assert widths[0] == state["steps"] > 0, widths
+        return
+    if policy == "adaptive":  # the default: widths change between steps, W = 0 included
+        assert state["width_changes"] > 0 and sum(widths) == state["steps"] > 0, state
         return
     assert widths[0] == 0 and state["steps"] > 0, widths
     lengths = [r["meta_info"]["spec_accept_length"] for r in spec["bs1"]["results"]]
