@@ -1,14 +1,17 @@
-"""A Gated DeltaNet hybrid target (Qwen3.5 layout) under DFLASH on the CPU engine.
+"""Gated DeltaNet hybrid targets (Qwen3.5 and Qwen3.5 MoE layouts) under DFLASH on the CPU engine.
 
-The tiny hybrid pair (`tools/tiny_hybrid.py`): layers 0 and 2 linear attention,
-1 and 3 full attention, and a drafter trained on the target, so verifies
-accept several drafts and the worker commits the recurrent state at positions
-past the anchor. Oracle: the same engine without speculation, which in turn
-equals transformers' Qwen3.5 reference (the stand-in's GDN ops serve plain
-decoding). Chunked prefill (chunks of 32) makes the prompts' states continue
-across chunks. DFLASH runs always on (the whole block), at a fixed width of 2,
-off (every decode step a plain DECODE forward through our worker) and adaptive
-(the default: the width changes between steps).
+The tiny hybrid pairs (`tools/tiny_hybrid.py`): layers 0 and 2 linear attention,
+1 and 3 full attention, a dense FFN or a sparse MoE block with a gated shared
+expert, and a drafter trained on each target, so verifies accept several drafts
+and the worker commits the recurrent state at positions past the anchor.
+Oracle: the same engine without speculation, which in turn equals
+transformers' reference (the stand-in's GDN ops and our CPU shared-expert gate
+serve plain decoding). Chunked prefill (chunks of 32) makes the prompts' states
+continue across chunks. DFLASH runs always on (the whole block), at a fixed
+width of 2, off (every decode step a plain DECODE forward through our worker)
+and adaptive (the default: the width changes between steps); the MoE target
+runs always on and adaptive (the widths between share their code with the
+dense target's, which the MoE block does not touch).
 """
 
 import pytest
@@ -25,50 +28,62 @@ PATHS = tiny_paths()
 # a minute to allocate); a few slots per running request are plenty. On a CPU
 # SGLang's default radix cache for hybrids needs state snapshots it has only on
 # GPUs (start-up fails), so it is off here.
-ENGINE = {"model_path": PATHS["hybrid-target"], "max_mamba_cache_size": 64, "chunked_prefill_size": 32,
-          "disable_radix_cache": True}
+# float32 stated: SGLang's "auto" serves a float32 checkpoint in float16, and
+# transformers' float32 reference is matched token for token only in float32.
+ENGINE = {"max_mamba_cache_size": 64, "chunked_prefill_size": 32, "disable_radix_cache": True,
+          "dtype": "float32"}
 POLICIES = {"on": '{"mode": "on"}', "width 2": '{"mode": "fixed", "fixed_width": 2}', "off": '{"mode": "off"}',
             "adaptive": '{"mode": "adaptive", "probe_interval": 8}'}
+TARGETS = {"dense": ("hybrid-target", "hybrid-drafter-trained", list(POLICIES)),
+           "moe": ("hybrid-moe-target", "hybrid-moe-drafter-trained", ["on", "adaptive"])}
+CASES = [(target, policy) for target, (_, _, policies) in TARGETS.items() for policy in policies]
 
 
 @pytest.fixture(scope="module")
 def prompts():
-    return chat_prompts(NUM_PROMPTS)
+    """Token ids (all the tiny targets share one tokenizer): the reference sees
+    exactly the tokens the engines do."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(PATHS["hybrid-target"])
+    return [tok(text).input_ids for text in chat_prompts(NUM_PROMPTS)]
 
 
 @pytest.fixture(scope="module")
 def engines(prompts):
-    runs = [{"name": f"bs{bs}", "prompts": prompts, "batch_size": bs, "sampling_params": GREEDY}
+    runs = [{"name": f"bs{bs}", "input_ids": prompts, "batch_size": bs, "sampling_params": GREEDY}
             for bs in BATCH_SIZES]
-    dflash = {**ENGINE, "speculative_algorithm": "DFLASH",
-              "speculative_draft_model_path": PATHS["hybrid-drafter-trained"]}
-    jobs = {"plain": Job(ENGINE, runs)}
-    for name, policy in POLICIES.items():
-        jobs[name] = Job(dflash, runs, True, {"SGLANG_DFLASH_POLICY": policy})
+    jobs = {}
+    for target, (model, drafter, policies) in TARGETS.items():
+        plain = {**ENGINE, "model_path": PATHS[model]}
+        jobs[target, "plain"] = Job(plain, runs)
+        dflash = {**plain, "speculative_algorithm": "DFLASH", "speculative_draft_model_path": PATHS[drafter]}
+        for policy in policies:
+            jobs[target, policy] = Job(dflash, runs, True, {"SGLANG_DFLASH_POLICY": POLICIES[policy]})
     return dict(zip(jobs, run_engines(list(jobs.values()))))
 
 
-def test_plain_hybrid_serving_equals_transformers(engines, prompts):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_plain_hybrid_serving_equals_transformers(engines, prompts, target):
+    from transformers import AutoModelForCausalLM
 
-    tok = AutoTokenizer.from_pretrained(PATHS["hybrid-target"])
-    model = AutoModelForCausalLM.from_pretrained(PATHS["hybrid-target"], dtype=torch.float32).eval()
-    served = output_ids(engines["plain"]["bs4"])
-    for i in range(3):
-        ids = tok(prompts[i], return_tensors="pt").input_ids
-        with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=GREEDY["max_new_tokens"], do_sample=False)
-        want = out[0, ids.shape[1]:].tolist()
-        assert served[i] == want[:len(served[i])], f"prompt {i}: plain serving differs from transformers"
+    model = AutoModelForCausalLM.from_pretrained(PATHS[TARGETS[target][0]], dtype=torch.float32).eval()
+    served = output_ids(engines[target, "plain"]["bs4"])
+    for i, ids in enumerate(prompts):
+        with torch.no_grad():  # teacher-forced on the served tokens: its greedy choice at each
+            logits = model(torch.tensor([ids + served[i]])).logits[0, len(ids) - 1:-1]
+        want = logits.argmax(-1).tolist()
+        diff = [k for k, (w, g) in enumerate(zip(want, served[i])) if w != g]
+        assert not diff, f"{target} prompt {i}: served tokens at {diff} are not transformers' greedy choice"
 
 
-@pytest.mark.parametrize("policy", list(POLICIES))
-def test_dflash_greedy_identical_to_plain(engines, policy):
-    spec, state = engines[policy]
+@pytest.mark.parametrize("target,policy", CASES)
+def test_dflash_greedy_identical_to_plain(engines, target, policy):
+    spec, state = engines[target, policy]
     for name in (f"bs{bs}" for bs in BATCH_SIZES):
-        want, got = output_ids(engines["plain"][name]), output_ids(spec[name])
+        want, got = output_ids(engines[target, "plain"][name]), output_ids(spec[name])
         diff = [i for i, (w, g) in enumerate(zip(want, got)) if w != g]
-        assert len(got) == NUM_PROMPTS and not diff, f"{policy} {name}: prompts {diff} differ from plain"
+        assert len(got) == NUM_PROMPTS and not diff, f"{target} {policy} {name}: prompts {diff} differ"
     widths = state["steps_by_width"]
     if policy == "off":
         assert widths[0] == state["steps"] > 0, widths

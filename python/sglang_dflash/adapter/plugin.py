@@ -144,4 +144,7 @@ def register() -> None:
     from sglang_dflash.adapter import cpu_gdn
 
     HookRegistry.register(cpu_gdn.GATED_NORM_TARGET, cpu_gdn.torch_gated_norm_on_cpu, HookType.AROUND)
+    from sglang_dflash.adapter import cpu_moe
+
+    HookRegistry.register(cpu_moe.GATE_TARGET, cpu_moe.torch_shared_gate_on_cpu, HookType.AROUND)
     _registered = True

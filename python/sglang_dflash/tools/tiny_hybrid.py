@@ -1,6 +1,7 @@
-"""Build the tiny hybrid test pair: a Gated DeltaNet target and a drafter trained on it.
+"""Build the tiny hybrid test pairs: a Gated DeltaNet target and a drafter trained on it.
 
     python -m sglang_dflash.tools.tiny_hybrid --out python/sglang_dflash/assets/tiny
+    python -m sglang_dflash.tools.tiny_hybrid --out python/sglang_dflash/assets/tiny --moe
 
 writes, next to the dense tiny models (`tiny_models.py`, whose tokenizer it reuses):
 
@@ -14,6 +15,11 @@ writes, next to the dense tiny models (`tiny_models.py`, whose tokenizer it reus
 * `hybrid-drafter-trained/`: DFlash v1, 2 layers, block 8, taps [0, 2], trained on
   the target's own greedy continuations as `drafter-trained/` is; its measured
   acceptance goes to `HYBRID.md`.
+
+With `--moe`, `hybrid-moe-target/` and `hybrid-moe-drafter-trained/` instead
+(report `HYBRID_MOE.md`): the same layout as a `Qwen3_5MoeForCausalLM`
+(qwen3_5_moe_text), each layer's FFN a sparse block of 4 experts of 64 (top 2,
+renormalized) plus a sigmoid-gated shared expert of 64.
 """
 
 from __future__ import annotations
@@ -30,20 +36,27 @@ from . import tiny_models as tiny
 LINEAR_DIMS = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
                    linear_value_head_dim=16, linear_conv_kernel_dim=4)
 FULL_ATTENTION_INTERVAL = 2  # layers 1 and 3 (SGLang: full where (i + 1) % interval == 0)
+MOE_DIMS = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+                shared_expert_intermediate_size=64, norm_topk_prob=True)
 
 
-def build_hybrid_target(tokenizer, seed: int):
-    from transformers import GenerationConfig, Qwen3_5ForCausalLM, Qwen3_5TextConfig
+def build_hybrid_target(tokenizer, seed: int, moe: bool = False):
+    import transformers
+    from transformers import GenerationConfig
 
     eos, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
     layers = tiny.TARGET_DIMS["num_hidden_layers"]
     kinds = ["full_attention" if (i + 1) % FULL_ATTENTION_INTERVAL == 0 else "linear_attention"
              for i in range(layers)]
-    config = Qwen3_5TextConfig(vocab_size=len(tokenizer), tie_word_embeddings=False, bos_token_id=None,
-                               eos_token_id=eos, pad_token_id=pad, layer_types=kinds,
-                               **tiny.TARGET_DIMS, **LINEAR_DIMS)
+    dims = {**tiny.TARGET_DIMS, **LINEAR_DIMS}
+    if moe:  # the sparse block replaces the dense FFN (intermediate_size unused)
+        dims = {**{k: v for k, v in dims.items() if k != "intermediate_size"}, **MOE_DIMS}
+    prefix = "Qwen3_5Moe" if moe else "Qwen3_5"
+    config = getattr(transformers, f"{prefix}TextConfig")(
+        vocab_size=len(tokenizer), tie_word_embeddings=False, bos_token_id=None, eos_token_id=eos,
+        pad_token_id=pad, layer_types=kinds, **dims)
     torch.manual_seed(seed)
-    model = Qwen3_5ForCausalLM(config).float().eval()
+    model = getattr(transformers, f"{prefix}ForCausalLM")(config).float().eval()
     with torch.no_grad():
         model.model.embed_tokens.weight.normal_(0.0, tiny.EMBED_STD)
         model.lm_head.weight.normal_(0.0, tiny.HEAD_STD)
@@ -62,15 +75,19 @@ def save_hybrid_target(model, tokenizer, out: Path) -> None:
 
 def write_hybrid_md(path: Path, info: dict, args, seconds: float) -> None:
     report, tcfg = info["report"], info["config"]
-    path.write_text(f"""# Tiny hybrid test pair
+    name, cls, ffn = "hybrid", "Qwen3_5ForCausalLM (qwen3_5_text)", "FFN 128"
+    if args.moe:
+        name, cls = "hybrid-moe", "Qwen3_5MoeForCausalLM (qwen3_5_moe_text)"
+        ffn = "FFN 4 experts of 64 (top 2) + a gated shared expert of 64"
+    path.write_text(f"""# Tiny {name} test pair
 
-Built by `sglang_dflash.tools.tiny_hybrid` (float32, seed {args.seed}; see its docstring),
-with the tokenizer of `target/`:
+Built by `sglang_dflash.tools.tiny_hybrid{' --moe' if args.moe else ''}` (float32, seed {args.seed};
+see its docstring), with the tokenizer of `target/`:
 
-* `hybrid-target/`: random HF Qwen3_5ForCausalLM (qwen3_5_text): H 64, 4 layers
-  (0 and 2 Gated DeltaNet, 1 and 3 gated full attention), FFN 128, vocab 1024,
+* `{name}-target/`: random HF {cls}: H 64, 4 layers
+  (0 and 2 Gated DeltaNet, 1 and 3 gated full attention), {ffn}, vocab 1024,
   untied head; embeddings std {tiny.EMBED_STD}, head std {tiny.HEAD_STD}.
-* `hybrid-drafter-trained/`: DFlash v1 drafter (2 layers, block {tiny.BLOCK_SIZE},
+* `{name}-drafter-trained/`: DFlash v1 drafter (2 layers, block {tiny.BLOCK_SIZE},
   target_layer_ids {tiny.TRAINED_LAYER_IDS}), trained as `drafter-trained/` is
   ({info['num_sequences']} prompts continued by the target's greedy decoding,
   {tcfg.steps} steps).
@@ -84,16 +101,19 @@ with the tokenizer of `target/`:
 def main(argv=None) -> None:
     from transformers import AutoTokenizer
 
-    args = tiny.build_parser(__doc__.split("\n\n")[0]).parse_args(argv)
+    parser = tiny.build_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--moe", action="store_true", help="the Qwen3.5 MoE pair instead")
+    args = parser.parse_args(argv)
     log = tiny.deterministic_build("tiny_hybrid")
     start = time.time()
+    name = "hybrid-moe" if args.moe else "hybrid"
     tokenizer = AutoTokenizer.from_pretrained(args.out / "target")
-    target = build_hybrid_target(tokenizer, args.seed)
-    save_hybrid_target(target, tokenizer, tiny._fresh_dir(args.out / "hybrid-target"))
+    target = build_hybrid_target(tokenizer, args.seed, args.moe)
+    save_hybrid_target(target, tokenizer, tiny._fresh_dir(args.out / f"{name}-target"))
     corpus = tiny.load_corpus(args.data_dir)
     drafter, cfg_dict, info = tiny.train_tiny_drafter(target, tokenizer, corpus, args, log)
-    save_drafter(drafter, cfg_dict, tiny._fresh_dir(args.out / "hybrid-drafter-trained"))
-    write_hybrid_md(args.out / "HYBRID.md", info, args, time.time() - start)
+    save_drafter(drafter, cfg_dict, tiny._fresh_dir(args.out / f"{name}-drafter-trained"))
+    write_hybrid_md(args.out / f"{name.upper().replace('-', '_')}.md", info, args, time.time() - start)
     log(f"done in {time.time() - start:.0f}s")
 
 
