@@ -22,7 +22,8 @@ DEMO_ASSETS = os.path.join(_HERE, "assets", "demo")
 def tiny_paths() -> dict[str, str]:
     """Directories of the bundled tiny models by role."""
     names = ("target", "drafter-random", "drafter-trained", "dflash2-random",
-             "hybrid-target", "hybrid-drafter-trained", "hybrid-moe-target", "hybrid-moe-drafter-trained")
+             "hybrid-target", "hybrid-drafter-trained", "hybrid-moe-target", "hybrid-moe-drafter-trained",
+             "hybrid-next-target", "hybrid-next-drafter-trained")
     return {name: os.path.join(ASSETS, name) for name in names}
 
 

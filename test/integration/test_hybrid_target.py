@@ -1,4 +1,4 @@
-"""Gated DeltaNet hybrid targets (Qwen3.5 and Qwen3.5 MoE layouts) under DFLASH on the CPU engine.
+"""Gated DeltaNet hybrid targets (Qwen3.5, Qwen3.5 MoE, Qwen3-Next) under DFLASH on the CPU engine.
 
 The tiny hybrid pairs (`tools/tiny_hybrid.py`): layers 0 and 2 linear attention,
 1 and 3 full attention, a dense FFN or a sparse MoE block with a gated shared
@@ -10,8 +10,9 @@ serve plain decoding). Chunked prefill (chunks of 32) makes the prompts' states
 continue across chunks. DFLASH runs always on (the whole block), at a fixed
 width of 2, off (every decode step a plain DECODE forward through our worker)
 and adaptive (the default: the width changes between steps); the MoE target
-runs always on and adaptive (the widths between share their code with the
-dense target's, which the MoE block does not touch).
+runs always on and adaptive, Qwen3-Next (SGLang's other GDN model class, made
+to build and run on a CPU by our hooks) always on: the other widths share their
+code with the dense target's, which neither touches.
 """
 
 import pytest
@@ -34,9 +35,11 @@ ENGINE = {"max_mamba_cache_size": 64, "chunked_prefill_size": 32, "disable_radix
           "dtype": "float32"}
 POLICIES = {"on": '{"mode": "on"}', "width 2": '{"mode": "fixed", "fixed_width": 2}', "off": '{"mode": "off"}',
             "adaptive": '{"mode": "adaptive", "probe_interval": 8}'}
-TARGETS = {"dense": ("hybrid-target", "hybrid-drafter-trained", list(POLICIES)),
-           "moe": ("hybrid-moe-target", "hybrid-moe-drafter-trained", ["on", "adaptive"])}
-CASES = [(target, policy) for target, (_, _, policies) in TARGETS.items() for policy in policies]
+# name -> (target, drafter, policies, batch sizes)
+TARGETS = {"dense": ("hybrid-target", "hybrid-drafter-trained", list(POLICIES), BATCH_SIZES),
+           "moe": ("hybrid-moe-target", "hybrid-moe-drafter-trained", ["on", "adaptive"], (4,)),
+           "next": ("hybrid-next-target", "hybrid-next-drafter-trained", ["on"], (4,))}
+CASES = [(target, policy) for target, (_, _, policies, _) in TARGETS.items() for policy in policies]
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +54,10 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def engines(prompts):
-    runs = [{"name": f"bs{bs}", "input_ids": prompts, "batch_size": bs, "sampling_params": GREEDY}
-            for bs in BATCH_SIZES]
     jobs = {}
-    for target, (model, drafter, policies) in TARGETS.items():
+    for target, (model, drafter, policies, batch_sizes) in TARGETS.items():
+        runs = [{"name": f"bs{bs}", "input_ids": prompts, "batch_size": bs, "sampling_params": GREEDY}
+                for bs in batch_sizes]
         plain = {**ENGINE, "model_path": PATHS[model]}
         jobs[target, "plain"] = Job(plain, runs)
         dflash = {**plain, "speculative_algorithm": "DFLASH", "speculative_draft_model_path": PATHS[drafter]}
@@ -80,7 +83,8 @@ def test_plain_hybrid_serving_equals_transformers(engines, prompts, target):
 @pytest.mark.parametrize("target,policy", CASES)
 def test_dflash_greedy_identical_to_plain(engines, target, policy):
     spec, state = engines[target, policy]
-    for name in (f"bs{bs}" for bs in BATCH_SIZES):
+    batch_sizes = TARGETS[target][3]
+    for name in (f"bs{bs}" for bs in batch_sizes):
         want, got = output_ids(engines[target, "plain"][name]), output_ids(spec[name])
         diff = [i for i, (w, g) in enumerate(zip(want, got)) if w != g]
         assert len(got) == NUM_PROMPTS and not diff, f"{target} {policy} {name}: prompts {diff} differ"
@@ -92,6 +96,6 @@ def test_dflash_greedy_identical_to_plain(engines, target, policy):
         assert state["width_changes"] > 0 and sum(widths) == state["steps"] > 0, state
         return
     assert widths[0] == 0 and state["steps"] > 0, widths
-    lengths = [r["meta_info"]["spec_accept_length"] for r in spec["bs1"]["results"]]
+    lengths = [r["meta_info"]["spec_accept_length"] for r in spec[f"bs{batch_sizes[0]}"]["results"]]
     # Drafts accepted: the state is committed past the anchor on most steps.
     assert sum(lengths) / len(lengths) > 1.5, lengths

@@ -229,3 +229,22 @@ def test_commit_copies_each_requests_accepted_step():
     for i in range(3):
         assert torch.equal(pool[:, slots[i]], per_step[:, i, last[i]])
     assert not pool[:, [0, 2, 4]].any()
+
+
+def test_qwen3_next_gdn_layer_is_built_on_the_cpu_without_a_gpu():
+    from sglang_dflash.adapter.cpu_gdn import cpu_device_module_without_gpu
+
+    accelerator_module = torch.get_device_module
+    seen = {}
+
+    def build(name):
+        seen[name] = torch.get_device_module()
+        return name
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU host keeps its accelerator module")
+    assert cpu_device_module_without_gpu(build, "layer") == "layer"
+    assert seen["layer"] is torch.cpu and torch.get_device_module is accelerator_module
+    with pytest.raises(ValueError):  # restored after a failing build as well
+        cpu_device_module_without_gpu(lambda: (_ for _ in ()).throw(ValueError("bad config")))
+    assert torch.get_device_module is accelerator_module

@@ -4,8 +4,11 @@ SGLang 0.5.23's GDN layers (Qwen3.5, Qwen3-Next) reach two kinds of kernels on a
 CPU: the CPU wheel's `sgl_kernel` ops, which our stand-in implements in torch
 (`cpu_runtime/sgl_kernel/mamba.py`), and, on a host without Intel AMX, the
 gated RMSNorm after the recurrence, which SGLang then runs as a Triton kernel
-on host tensors (it fails: Triton needs a GPU). An AROUND hook computes that
-norm in torch on such hosts and leaves every other host to SGLang.
+on host tensors (it fails: Triton needs a GPU). AROUND hooks compute that norm
+(Qwen3.5's and Qwen3-Next's classes) in torch on such hosts and leave every
+other host to SGLang. Qwen3-Next's GDN layer also asks the accelerator module
+for its norm's device when it is built, which is CUDA in a CUDA build of torch
+even on a host without a GPU; on such a host it is given the CPU.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import torch
 import torch.nn.functional as F
 
 GATED_NORM_TARGET = "sglang.kernels.ops.attention.fla.layernorm_gated.RMSNorm.forward"
+FUSED_GATED_NORM_TARGET = "sglang.kernels.ops.attention.fla.fused_norm_gate.FusedRMSNormGated.forward"
+NEXT_GDN_INIT_TARGET = "sglang.srt.models.qwen3_next.Qwen3GatedDeltaNet.__init__"
 
 _GATES = {"swish": F.silu, "silu": F.silu, "sigmoid": torch.sigmoid}
 
@@ -40,3 +45,29 @@ def torch_gated_norm_on_cpu(original, norm, x, z=None):
     if x.device.type != "cpu" or layernorm_gated._use_cpu or not norm.norm_before_gate:
         return original(norm, x, z)
     return gated_rmsnorm(x, norm.weight, z, norm.eps, norm.activation, norm.group_size)
+
+
+def torch_fused_gated_norm_on_cpu(original, norm, x, g, residual=None, prenorm=False, residual_in_fp32=False):
+    """AROUND Qwen3-Next's fused gated RMSNorm (norm before the gate, one group)."""
+    from sglang.kernels.ops.attention.fla import fused_norm_gate
+
+    if x.device.type != "cpu" or fused_norm_gate._use_cpu or residual is not None or prenorm:
+        return original(norm, x, g, residual, prenorm, residual_in_fp32)
+    return gated_rmsnorm(x, norm.weight, g, norm.eps, norm.activation)
+
+
+def cpu_device_module_without_gpu(original, *args, **kwargs):
+    """AROUND Qwen3-Next's GDN layer constructor: on a host without a GPU,
+    `torch.get_device_module()` (no device named) answers with the CPU module."""
+    if torch.cuda.is_available():
+        return original(*args, **kwargs)
+    accelerator_module = torch.get_device_module
+
+    def device_module(device=None):
+        return torch.cpu if device is None else accelerator_module(device)
+
+    torch.get_device_module = device_module
+    try:
+        return original(*args, **kwargs)
+    finally:
+        torch.get_device_module = accelerator_module

@@ -144,6 +144,10 @@ def register() -> None:
     from sglang_dflash.adapter import cpu_gdn
 
     HookRegistry.register(cpu_gdn.GATED_NORM_TARGET, cpu_gdn.torch_gated_norm_on_cpu, HookType.AROUND)
+    HookRegistry.register(cpu_gdn.FUSED_GATED_NORM_TARGET, cpu_gdn.torch_fused_gated_norm_on_cpu,
+                          HookType.AROUND)
+    HookRegistry.register(cpu_gdn.NEXT_GDN_INIT_TARGET, cpu_gdn.cpu_device_module_without_gpu,
+                          HookType.AROUND)
     from sglang_dflash.adapter import cpu_moe
 
     HookRegistry.register(cpu_moe.GATE_TARGET, cpu_moe.torch_shared_gate_on_cpu, HookType.AROUND)

@@ -1,7 +1,8 @@
 """Build the tiny hybrid test pairs: a Gated DeltaNet target and a drafter trained on it.
 
     python -m sglang_dflash.tools.tiny_hybrid --out python/sglang_dflash/assets/tiny
-    python -m sglang_dflash.tools.tiny_hybrid --out python/sglang_dflash/assets/tiny --moe
+    python -m sglang_dflash.tools.tiny_hybrid --out python/sglang_dflash/assets/tiny --kind moe
+    python -m sglang_dflash.tools.tiny_hybrid --out python/sglang_dflash/assets/tiny --kind next
 
 writes, next to the dense tiny models (`tiny_models.py`, whose tokenizer it reuses):
 
@@ -16,10 +17,12 @@ writes, next to the dense tiny models (`tiny_models.py`, whose tokenizer it reus
   the target's own greedy continuations as `drafter-trained/` is; its measured
   acceptance goes to `HYBRID.md`.
 
-With `--moe`, `hybrid-moe-target/` and `hybrid-moe-drafter-trained/` instead
+With `--kind moe`, `hybrid-moe-target/` and `hybrid-moe-drafter-trained/` instead
 (report `HYBRID_MOE.md`): the same layout as a `Qwen3_5MoeForCausalLM`
 (qwen3_5_moe_text), each layer's FFN a sparse block of 4 experts of 64 (top 2,
-renormalized) plus a sigmoid-gated shared expert of 64.
+renormalized) plus a sigmoid-gated shared expert of 64. With `--kind next`,
+`hybrid-next-*` (`HYBRID_NEXT.md`): that MoE layout as a `Qwen3NextForCausalLM`
+(qwen3_next: fused input projections, its own weight layout).
 """
 
 from __future__ import annotations
@@ -38,9 +41,15 @@ LINEAR_DIMS = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_
 FULL_ATTENTION_INTERVAL = 2  # layers 1 and 3 (SGLang: full where (i + 1) % interval == 0)
 MOE_DIMS = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
                 shared_expert_intermediate_size=64, norm_topk_prob=True)
+# kind -> (asset name, transformers class prefix, FFN, the FFN as the report says it)
+KINDS = {
+    "dense": ("hybrid", "Qwen3_5", {}, "FFN 128"),
+    "moe": ("hybrid-moe", "Qwen3_5Moe", MOE_DIMS, "FFN 4 experts of 64 (top 2) + a gated shared expert of 64"),
+    "next": ("hybrid-next", "Qwen3Next", MOE_DIMS, "FFN 4 experts of 64 (top 2) + a gated shared expert of 64"),
+}
 
 
-def build_hybrid_target(tokenizer, seed: int, moe: bool = False):
+def build_hybrid_target(tokenizer, seed: int, kind: str = "dense"):
     import transformers
     from transformers import GenerationConfig
 
@@ -48,11 +57,12 @@ def build_hybrid_target(tokenizer, seed: int, moe: bool = False):
     layers = tiny.TARGET_DIMS["num_hidden_layers"]
     kinds = ["full_attention" if (i + 1) % FULL_ATTENTION_INTERVAL == 0 else "linear_attention"
              for i in range(layers)]
-    dims = {**tiny.TARGET_DIMS, **LINEAR_DIMS}
-    if moe:  # the sparse block replaces the dense FFN (intermediate_size unused)
-        dims = {**{k: v for k, v in dims.items() if k != "intermediate_size"}, **MOE_DIMS}
-    prefix = "Qwen3_5Moe" if moe else "Qwen3_5"
-    config = getattr(transformers, f"{prefix}TextConfig")(
+    _, prefix, ffn, _ = KINDS[kind]
+    dims = {**tiny.TARGET_DIMS, **LINEAR_DIMS, **ffn}
+    if ffn:  # a sparse block replaces the dense FFN in every layer
+        del dims["intermediate_size"]
+    config_class = "Qwen3NextConfig" if kind == "next" else f"{prefix}TextConfig"
+    config = getattr(transformers, config_class)(
         vocab_size=len(tokenizer), tie_word_embeddings=False, bos_token_id=None, eos_token_id=eos,
         pad_token_id=pad, layer_types=kinds, **dims)
     torch.manual_seed(seed)
@@ -75,13 +85,12 @@ def save_hybrid_target(model, tokenizer, out: Path) -> None:
 
 def write_hybrid_md(path: Path, info: dict, args, seconds: float) -> None:
     report, tcfg = info["report"], info["config"]
-    name, cls, ffn = "hybrid", "Qwen3_5ForCausalLM (qwen3_5_text)", "FFN 128"
-    if args.moe:
-        name, cls = "hybrid-moe", "Qwen3_5MoeForCausalLM (qwen3_5_moe_text)"
-        ffn = "FFN 4 experts of 64 (top 2) + a gated shared expert of 64"
+    name, prefix, _, ffn = KINDS[args.kind]
+    cls = f"{prefix}ForCausalLM ({info['model_type']})"
+    flag = "" if args.kind == "dense" else f" --kind {args.kind}"
     path.write_text(f"""# Tiny {name} test pair
 
-Built by `sglang_dflash.tools.tiny_hybrid{' --moe' if args.moe else ''}` (float32, seed {args.seed};
+Built by `sglang_dflash.tools.tiny_hybrid{flag}` (float32, seed {args.seed};
 see its docstring), with the tokenizer of `target/`:
 
 * `{name}-target/`: random HF {cls}: H 64, 4 layers
@@ -102,16 +111,18 @@ def main(argv=None) -> None:
     from transformers import AutoTokenizer
 
     parser = tiny.build_parser(__doc__.split("\n\n")[0])
-    parser.add_argument("--moe", action="store_true", help="the Qwen3.5 MoE pair instead")
+    parser.add_argument("--kind", choices=list(KINDS), default="dense",
+                        help="Qwen3.5 (dense FFN), Qwen3.5 MoE or Qwen3-Next (MoE)")
     args = parser.parse_args(argv)
     log = tiny.deterministic_build("tiny_hybrid")
     start = time.time()
-    name = "hybrid-moe" if args.moe else "hybrid"
+    name = KINDS[args.kind][0]
     tokenizer = AutoTokenizer.from_pretrained(args.out / "target")
-    target = build_hybrid_target(tokenizer, args.seed, args.moe)
+    target = build_hybrid_target(tokenizer, args.seed, args.kind)
     save_hybrid_target(target, tokenizer, tiny._fresh_dir(args.out / f"{name}-target"))
     corpus = tiny.load_corpus(args.data_dir)
     drafter, cfg_dict, info = tiny.train_tiny_drafter(target, tokenizer, corpus, args, log)
+    info["model_type"] = target.config.model_type
     save_drafter(drafter, cfg_dict, tiny._fresh_dir(args.out / f"{name}-drafter-trained"))
     write_hybrid_md(args.out / f"{name.upper().replace('-', '_')}.md", info, args, time.time() - start)
     log(f"done in {time.time() - start:.0f}s")
