@@ -56,7 +56,7 @@ from sglang_dflash.context import DraftContext, DraftKVCache, GatheredContext
 from sglang_dflash.draft import make_blocks, plan_commit
 from sglang_dflash.model import PagedContext
 from sglang_dflash.adapter.disaggregation import ContextPoolView
-from sglang_dflash.adapter.linear_state import commit_accepted_state, has_linear_state
+from sglang_dflash.adapter.linear_state import commit_accepted_state, has_linear_state, prefix_cache_track
 from sglang_dflash.adapter.server_args import policy_config
 from sglang_dflash.adapter.tensor_parallel import local_row, tensor_parallel, vocab_head
 from sglang_dflash.adapter.verify_logits import VerifyLogits
@@ -478,7 +478,9 @@ class DFlashWorker(BaseSpecWorker):
         self.verify_logits.on_commit(batch, result.tokens, result.accept_len)
         plan = plan_commit(result.accept_len, prefix)
         if self.linear_state:  # a GDN hybrid: its recurrent state at the accepted position
-            commit_accepted_state(self.model_runner, plan.commit_lens)
+            commit_accepted_state(self.model_runner, plan.commit_lens,
+                                  prefix_cache_track(batch, prefix, plan.new_seq_lens),
+                                  batch.req_pool_indices[:bs])
         self._report_sampling(batch, draft_input, logits_output, result.tokens, plan.commit_lens)
         if on_publish is not None:
             on_publish(plan.new_seq_lens)
