@@ -19,9 +19,12 @@ import torch
 
 GATE_TARGET = "sglang.kernels.ops.elementwise.elementwise._launch_fused_gate_sigmoid_mul"
 
-# A multiple of every CPU vector loop's stride (AVX-512: 16 floats, unrolled x2),
-# and, for the two-way split torch makes of a large elementwise op, of its halves.
+# A multiple of every CPU vector loop's stride (AVX-512: 16 floats, unrolled x2).
 _LANE_ROW = 128
+# Rows per sigmoid call: 128 x 128 elements stay below torch's parallel grain
+# (32768), so one thread runs the call from its first element, and every row's
+# value sits at lane 0 of a vector (a thread's share could start mid-vector).
+_SERIAL_ROWS = 128
 
 
 def gate_logits(hidden: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor:
@@ -31,8 +34,12 @@ def gate_logits(hidden: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor
 
 def row_invariant_sigmoid(x: torch.Tensor) -> torch.Tensor:
     """sigmoid of a 1-D tensor, each element computed at lane 0 of a full vector."""
-    wide = x.unsqueeze(-1).expand(x.shape[0], _LANE_ROW).contiguous()
-    return torch.sigmoid(wide)[:, 0]
+    out = torch.empty_like(x)
+    for start in range(0, x.shape[0], _SERIAL_ROWS):
+        part = x[start:start + _SERIAL_ROWS]
+        wide = part.unsqueeze(-1).expand(part.shape[0], _LANE_ROW).contiguous()
+        out[start:start + part.shape[0]] = torch.sigmoid(wide)[:, 0]
+    return out
 
 
 def gated_shared_output(hidden, gate_weight, shared_output, output, do_add: bool) -> None:
