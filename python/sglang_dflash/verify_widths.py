@@ -130,6 +130,16 @@ def safe_widths(backend: str, block_size: int, *, cuda_graphs: bool = False) -> 
     return tuple(sorted(set(widths)))
 
 
+def full_block_only(widths: tuple[int, ...]) -> tuple[int, ...]:
+    """Only the full block, for a server where an off step is not known to be
+    lossless (a hybrid target under SGLang's `extra_buffer` radix cache: the
+    scheduler records a state snapshot at each grid length a decode step
+    crosses, and in a speculative batch only a verify's commit writes it, not a
+    DECODE forward). The adaptive policy's regimes need W = 0, so without it
+    speculation stays on at the full block, as on FULL_ONLY backends."""
+    return (max(widths),)
+
+
 def check_mode_widths(cfg, widths: tuple[int, ...]) -> None:
     """A policy mode the widths cannot serve is a start-up error; adaptive with
     only the full block left keeps speculation on (and says so).
@@ -140,9 +150,10 @@ def check_mode_widths(cfg, widths: tuple[int, ...]) -> None:
     """
     if cfg.mode == "off" and 0 not in widths:
         raise UnsupportedBackend(
-            f"sglang-dflash: policy mode 'off' needs W = 0 steps, which this attention backend "
-            f"is not known to take losslessly (verify widths {list(widths)}); use triton, "
-            "flashinfer or torch_native, or serve without --speculative-algorithm")
+            f"sglang-dflash: policy mode 'off' needs W = 0 steps, which this server is not known "
+            f"to take losslessly (verify widths {list(widths)}: the attention backend, or a hybrid "
+            "target's extra_buffer radix cache); use triton, flashinfer or torch_native, "
+            "--mamba-radix-cache-strategy no_buffer, or serve without --speculative-algorithm")
     if cfg.mode == "fixed" and cfg.fixed_width not in widths:
         raise UnsupportedBackend(
             f"sglang-dflash: fixed_width = {cfg.fixed_width} is not a verify width this attention "

@@ -10,6 +10,7 @@ from sglang_dflash.verify_widths import (
     BACKENDS,
     UnsupportedBackend,
     check_mode_widths,
+    full_block_only,
     safe_widths,
 )
 
@@ -62,3 +63,14 @@ def test_modes_the_widths_cannot_serve_are_refused(mode, extra, widths, needle):
                                          ("fixed", {"fixed_width": B - 1})])
 def test_modes_the_widths_serve_pass(mode, extra):
     check_mode_widths(PolicyConfig(mode=mode, **extra), (0, B - 1))
+
+
+@pytest.mark.parametrize("widths", [EVERY, (0, B - 1), (B - 1,)])
+def test_extra_buffer_hybrid_keeps_the_full_block_and_refuses_off(widths):
+    """A hybrid under the extra_buffer radix cache: no W = 0 step; adaptive
+    stays on (the FULL_ONLY path), off is refused with the way out."""
+    narrowed = full_block_only(widths)
+    assert narrowed == (B - 1,)
+    with pytest.raises(UnsupportedBackend, match="no_buffer"):
+        check_mode_widths(PolicyConfig(mode="off"), narrowed)
+    check_mode_widths(PolicyConfig(mode="adaptive"), narrowed)
