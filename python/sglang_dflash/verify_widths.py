@@ -27,6 +27,9 @@ W = 0 DECODE step itself runs eagerly (the worker holds the decode graph
 runner back for it: its graphs are TARGET_VERIFY graphs), so an off step
 costs one eager decode forward.
 
+Hybrid targets under SGLang's `extra_buffer` radix cache keep the full block
+only, whatever the backend (`safe_widths`'s `tracked_linear_state`).
+
 Imports the stdlib only.
 """
 
@@ -110,10 +113,19 @@ def backend_rule(backend: str) -> BackendRule:
                                                         "assumed to size verify from the full block"))
 
 
-def safe_widths(backend: str, block_size: int, *, cuda_graphs: bool = False) -> tuple[int, ...]:
+def safe_widths(backend: str, block_size: int, *, cuda_graphs: bool = False,
+                tracked_linear_state: bool = False) -> tuple[int, ...]:
     """The verify widths W (drafts per request, 0..B-1) that are lossless on
     `backend`, and, with CUDA graphs, that do not give up the target's graph
     for a narrower eager verify (the full block and W = 0 only).
+
+    Args:
+        tracked_linear_state: a hybrid target under SGLang's `extra_buffer`
+            radix cache. The scheduler records a state snapshot at each grid
+            length a decode step crosses, and in a speculative batch only a
+            verify's commit writes it: a W = 0 DECODE step would leave it
+            unwritten. So the full block only, as on FULL_ONLY backends (the
+            adaptive policy's regimes need W = 0, so speculation stays on).
 
     Raises:
         UnsupportedBackend: the backend has no TARGET_VERIFY path for DFLASH.
@@ -124,20 +136,10 @@ def safe_widths(backend: str, block_size: int, *, cuda_graphs: bool = False) -> 
         raise UnsupportedBackend(
             f"sglang-dflash: attention backend {backend!r} cannot run DFLASH verification: "
             f"{rule.why}; use triton, flashinfer or torch_native")
-    if rule.rule == FULL_ONLY:
+    if rule.rule == FULL_ONLY or tracked_linear_state:
         return (top,)
     widths = (0, top) if rule.rule == FULL or cuda_graphs else tuple(range(top + 1))
     return tuple(sorted(set(widths)))
-
-
-def full_block_only(widths: tuple[int, ...]) -> tuple[int, ...]:
-    """Only the full block, for a server where an off step is not known to be
-    lossless (a hybrid target under SGLang's `extra_buffer` radix cache: the
-    scheduler records a state snapshot at each grid length a decode step
-    crosses, and in a speculative batch only a verify's commit writes it, not a
-    DECODE forward). The adaptive policy's regimes need W = 0, so without it
-    speculation stays on at the full block, as on FULL_ONLY backends."""
-    return (max(widths),)
 
 
 def check_mode_widths(cfg, widths: tuple[int, ...]) -> None:

@@ -1,5 +1,6 @@
 """verify_widths.py: the verify widths each SGLang 0.5.23 attention backend is
-given (one case per backend name), graphs, and policy modes they cannot serve.
+given (one case per backend name), graphs, a hybrid target's tracked radix
+cache, and policy modes they cannot serve.
 That the table names every backend SGLang registers is checked against the
 installed SGLang in test/integration/test_hook_targets.py."""
 
@@ -10,7 +11,6 @@ from sglang_dflash.verify_widths import (
     BACKENDS,
     UnsupportedBackend,
     check_mode_widths,
-    full_block_only,
     safe_widths,
 )
 
@@ -34,16 +34,21 @@ def test_every_backend_in_the_table_has_a_case_here():
     assert set(EXPECTED) == set(BACKENDS)
 
 
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+@pytest.mark.parametrize("tracked_linear_state", [False, True])
 @pytest.mark.parametrize("backend", sorted(EXPECTED))
-def test_widths_per_backend(backend):
+def test_widths_per_backend(backend, cuda_graphs, tracked_linear_state):
     expected = EXPECTED[backend]
-    if expected is None:
+    flags = dict(cuda_graphs=cuda_graphs, tracked_linear_state=tracked_linear_state)
+    if expected is None:  # refused whatever the flags: the backend cannot verify at all
         with pytest.raises(UnsupportedBackend, match=f"attention backend '{backend}' cannot run DFLASH"):
-            safe_widths(backend, B)
+            safe_widths(backend, B, **flags)
         return
-    assert safe_widths(backend, B) == expected
-    # With CUDA graphs only the full block (graphed) and W = 0 remain, where allowed.
-    assert safe_widths(backend, B, cuda_graphs=True) == tuple(w for w in expected if w in (0, B - 1))
+    if cuda_graphs:  # only the full block (graphed) and W = 0 remain, where allowed
+        expected = tuple(w for w in expected if w in (0, B - 1))
+    if tracked_linear_state:  # a hybrid's extra_buffer radix cache: no W = 0 step, the full block only
+        expected = (B - 1,)
+    assert safe_widths(backend, B, **flags) == expected
 
 
 def test_unknown_backend_is_full_block_only():
@@ -65,11 +70,11 @@ def test_modes_the_widths_serve_pass(mode, extra):
     check_mode_widths(PolicyConfig(mode=mode, **extra), (0, B - 1))
 
 
-@pytest.mark.parametrize("widths", [EVERY, (0, B - 1), (B - 1,)])
-def test_extra_buffer_hybrid_keeps_the_full_block_and_refuses_off(widths):
+@pytest.mark.parametrize("backend", ["triton", "fa3", "dsv4"])  # ANY, FULL, FULL_ONLY
+def test_extra_buffer_hybrid_keeps_the_full_block_and_refuses_off(backend):
     """A hybrid under the extra_buffer radix cache: no W = 0 step; adaptive
     stays on (the FULL_ONLY path), off is refused with the way out."""
-    narrowed = full_block_only(widths)
+    narrowed = safe_widths(backend, B, tracked_linear_state=True)
     assert narrowed == (B - 1,)
     with pytest.raises(UnsupportedBackend, match="no_buffer"):
         check_mode_widths(PolicyConfig(mode="off"), narrowed)

@@ -13,6 +13,9 @@ even on a host without a GPU; on such a host it is given the CPU.
 
 from __future__ import annotations
 
+import functools
+import importlib
+
 import torch
 import torch.nn.functional as F
 
@@ -21,6 +24,14 @@ FUSED_GATED_NORM_TARGET = "sglang.kernels.ops.attention.fla.fused_norm_gate.Fuse
 NEXT_GDN_INIT_TARGET = "sglang.srt.models.qwen3_next.Qwen3GatedDeltaNet.__init__"
 
 _GATES = {"swish": F.silu, "silu": F.silu, "sigmoid": torch.sigmoid}
+
+
+@functools.cache
+def _fla(name: str):
+    """SGLang's `fla.<name>` kernel module, imported on the first hooked call
+    and kept (SGLang has loaded it by then: the hooked class lives there);
+    importing it here instead would tie this module's import to SGLang's."""
+    return importlib.import_module(f"sglang.kernels.ops.attention.fla.{name}")
 
 
 def gated_rmsnorm(x, weight, z, eps: float, activation: str = "swish", group_size=None):
@@ -40,18 +51,14 @@ def gated_rmsnorm(x, weight, z, eps: float, activation: str = "swish", group_siz
 def torch_gated_norm_on_cpu(original, norm, x, z=None):
     """AROUND SGLang's gated RMSNorm forward: host tensors on a host whose CPU
     path would launch Triton (no AMX kernel) take the torch computation."""
-    from sglang.kernels.ops.attention.fla import layernorm_gated
-
-    if x.device.type != "cpu" or layernorm_gated._use_cpu or not norm.norm_before_gate:
+    if x.device.type != "cpu" or _fla("layernorm_gated")._use_cpu or not norm.norm_before_gate:
         return original(norm, x, z)
     return gated_rmsnorm(x, norm.weight, z, norm.eps, norm.activation, norm.group_size)
 
 
 def torch_fused_gated_norm_on_cpu(original, norm, x, g, residual=None, prenorm=False, residual_in_fp32=False):
     """AROUND Qwen3-Next's fused gated RMSNorm (norm before the gate, one group)."""
-    from sglang.kernels.ops.attention.fla import fused_norm_gate
-
-    if x.device.type != "cpu" or fused_norm_gate._use_cpu or residual is not None or prenorm:
+    if x.device.type != "cpu" or _fla("fused_norm_gate")._use_cpu or residual is not None or prenorm:
         return original(norm, x, g, residual, prenorm, residual_in_fp32)
     return gated_rmsnorm(x, norm.weight, g, norm.eps, norm.activation)
 

@@ -68,7 +68,7 @@ from sglang_dflash.rejection import PAD_TOKEN_ID
 from sglang_dflash.static_draft import DraftInputs, StaticDraftStep, default_buckets, paged_draft_body
 from sglang_dflash.stats import SpecStats, StepClock
 from sglang_dflash.verify import SamplingRows, VerifyUniforms, verify_block
-from sglang_dflash.verify_widths import backend_rule, check_mode_widths, safe_widths, full_block_only
+from sglang_dflash.verify_widths import backend_rule, check_mode_widths, safe_widths
 
 logger = logging.getLogger(__name__)
 
@@ -234,9 +234,9 @@ class DFlashWorker(BaseSpecWorker):
         prefill, decode = attention_backends()  # the target runner resolves the same pair later
         backend = str(decode if get_spec().speculative_attention_mode == "decode" else prefill)
         graphs = str(self.device).startswith("cuda") and _decode_graphs_enabled()
-        widths = safe_widths(backend, self.block_size, cuda_graphs=graphs)
-        if get_exec().mamba.enable_mamba_extra_buffer:  # a hybrid target's tracked radix cache
-            widths = full_block_only(widths)
+        tracked = get_exec().mamba.enable_mamba_extra_buffer  # a hybrid target's tracked radix cache
+        widths = safe_widths(backend, self.block_size, cuda_graphs=graphs, tracked_linear_state=tracked)
+        if tracked:
             logger.warning("sglang-dflash: the full block only under the extra_buffer hybrid radix "
                            "cache (a W = 0 step would not write its state snapshots); speculation "
                            "stays on")

@@ -41,11 +41,12 @@ LINEAR_DIMS = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_
 FULL_ATTENTION_INTERVAL = 2  # layers 1 and 3 (SGLang: full where (i + 1) % interval == 0)
 MOE_DIMS = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
                 shared_expert_intermediate_size=64, norm_topk_prob=True)
+MOE_FFN = "FFN 4 experts of 64 (top 2) + a gated shared expert of 64"  # MOE_DIMS as the report says it
 # kind -> (asset name, transformers class prefix, FFN, the FFN as the report says it)
 KINDS = {
     "dense": ("hybrid", "Qwen3_5", {}, "FFN 128"),
-    "moe": ("hybrid-moe", "Qwen3_5Moe", MOE_DIMS, "FFN 4 experts of 64 (top 2) + a gated shared expert of 64"),
-    "next": ("hybrid-next", "Qwen3Next", MOE_DIMS, "FFN 4 experts of 64 (top 2) + a gated shared expert of 64"),
+    "moe": ("hybrid-moe", "Qwen3_5Moe", MOE_DIMS, MOE_FFN),
+    "next": ("hybrid-next", "Qwen3Next", MOE_DIMS, MOE_FFN),
 }
 
 
