@@ -1,15 +1,19 @@
-"""Targets this worker can serve: full-attention decoder stacks with one KV pool,
-and the Gated DeltaNet hybrids (Qwen3.5, Qwen3-Next).
+"""Targets this worker can serve: attention decoder stacks (full and
+sliding-window layers) and the Gated DeltaNet hybrids (Qwen3.5, Qwen3-Next).
 
-The worker indexes the drafter's context by the target's KV slot ids, and the
-verify attention reads one full-attention pool. A GDN hybrid keeps that pool for
-its full-attention layers and a per-request recurrent state for its linear
-ones, which a verify leaves untouched (SGLang's GDN verify keeps the state after
-each position) and the worker commits at the accepted position
-(`adapter/linear_state.py`). Other state-space hybrids (Mamba, Jamba, ...) have
-no DFLASH layer capture in SGLang, and sliding-window layers need a second,
-windowed KV pool: both are refused at start-up with the reason rather than
-served with wrong output.
+The worker indexes the drafter's context by the target's full-pool KV slot ids.
+A hybrid sliding-window target (SGLang's `SWAKVPool`: Laguna, gpt-oss, Gemma 4,
+MiMo-V2) keeps its sliding layers in a second, windowed pool whose slots are the
+full pool's translated; every full slot id stays valid while its request lives,
+so the drafter's context is unaffected, and the CPU verify attention reads a
+sliding layer through the translation (`adapter/attention.py`). A GDN hybrid
+keeps the full-attention pool for its full-attention layers and a per-request
+recurrent state for its linear ones, which a verify leaves untouched (SGLang's
+GDN verify keeps the state after each position) and the worker commits at the
+accepted position (`adapter/linear_state.py`). Other state-space hybrids (Mamba,
+Jamba, ...) are refused at start-up with the reason rather than served with
+wrong output. Whether the target's model class can hand the drafter its layers
+is SGLang's to say (`set_dflash_layers_to_capture`), checked when it loads.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ _HYBRID_TYPES = ("mamba", "jamba", "zamba", "falcon_h1", "nemotron_h", "qwen3_ne
 # GDN hybrids SGLang serves under DFLASH (their models capture the drafter's layers).
 GDN_HYBRID_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next")
 _GDN_LAYER_TYPES = {"full_attention", "linear_attention"}
+_ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}
 
 
 def is_gdn_hybrid(config: Mapping[str, Any]) -> bool:
@@ -49,9 +54,7 @@ def unsupported_target_reason(config: Mapping[str, Any]) -> str | None:
         return f"its config declares hybrid layers ({', '.join(hybrid)})"
     types = config.get("layer_types")
     if isinstance(types, (list, tuple)):
-        other = sorted({str(t) for t in types} - {"full_attention"})
+        other = sorted({str(t) for t in types} - _ATTENTION_LAYER_TYPES)
         if other:
-            return f"layer_types has {other} layers (only full_attention is supported)"
-    if config.get("sliding_window") and config.get("use_sliding_window"):
-        return f"it uses sliding-window attention (sliding_window = {config['sliding_window']})"
+            return f"layer_types has {other} layers (full and sliding attention are supported)"
     return None

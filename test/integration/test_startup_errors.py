@@ -71,17 +71,16 @@ def test_broken_drafter_fails_startup(tmp_path, case):
     assert needle in output, output[-3000:]
 
 
-def test_windowed_target_is_refused_naming_the_reason(tmp_path):
-    """A target with sliding-window layers has a second, windowed KV pool the
-    worker does not index: start-up stops with the reason instead of serving."""
+def test_state_space_target_is_refused_naming_the_reason(tmp_path):
+    """A target declaring state-space layers the worker cannot commit (here
+    Jamba-style `attn_layer_indices`): start-up stops with the reason instead
+    of serving."""
     target = tmp_path / "target"
     shutil.copytree(TARGET, target)
     cfg = json.loads((target / "config.json").read_text())
-    cfg["layer_types"] = ["sliding_attention"] + ["full_attention"] * (cfg["num_hidden_layers"] - 1)
-    cfg["sliding_window"], cfg["use_sliding_window"] = 64, True
+    cfg["attn_layer_indices"] = [1, 3]
     (target / "config.json").write_text(json.dumps(cfg))
     proc = _launch(PATHS["drafter-random"], target=str(target))
     assert proc.returncode != 0
     output = proc.stdout + proc.stderr
-    assert "cannot serve the target" in output and "sliding_attention" in output, output[-3000:]
-
+    assert "cannot serve the target" in output and "attn_layer_indices" in output, output[-3000:]

@@ -42,6 +42,7 @@ CORE_MODULES = [
     "sglang_dflash.tools.chat_tokenizer",
     "sglang_dflash.tools.tiny_models",
     "sglang_dflash.tools.tiny_hybrid",
+    "sglang_dflash.tools.tiny_swa",
     "sglang_dflash.adapter.linear_state",
 ]
 

@@ -11,6 +11,19 @@ def test_full_attention_targets_are_served():
                                       "use_sliding_window": False}) is None
 
 
+@pytest.mark.parametrize("config", [
+    {"model_type": "laguna", "sliding_window": 512,
+     "layer_types": ["full_attention", "sliding_attention", "sliding_attention", "sliding_attention"]},
+    {"model_type": "gpt_oss", "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"]},
+    {"model_type": "gemma3_text", "sliding_window": 512, "layer_types": ["sliding_attention"] * 5},
+    {"model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": True},
+])
+def test_sliding_window_targets_are_served(config):
+    """Sliding layers, in one pool or SGLang's windowed second pool: the worker's
+    context is keyed by full-pool slots, which every token keeps."""
+    assert unsupported_target_reason(config) is None
+
+
 @pytest.mark.parametrize("model_type", ["qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_next"])
 def test_gdn_hybrids_are_served(model_type):
     """Gated DeltaNet hybrids: the worker commits their recurrent state (linear_state.py)."""
@@ -27,9 +40,9 @@ def test_gdn_hybrids_are_served(model_type):
     ({"model_type": "nemotron_h"}, "linear-attention"),
     ({"model_type": "custom", "full_attention_interval": 4}, "full_attention_interval"),
     ({"model_type": "llama", "layer_types": ["full_attention", "linear_attention"]}, "linear_attention"),
-    ({"model_type": "gemma3_text", "layer_types": ["sliding_attention", "full_attention"]}, "sliding_attention"),
-    ({"model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": True}, "sliding-window"),
+    ({"model_type": "llama4_text", "layer_types": ["chunked_attention", "full_attention"]},
+     "chunked_attention"),
 ])
-def test_hybrid_and_windowed_targets_are_refused(config, needle):
+def test_state_space_and_other_layer_kinds_are_refused(config, needle):
     reason = unsupported_target_reason(config)
     assert reason is not None and needle in reason

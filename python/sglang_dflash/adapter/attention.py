@@ -9,11 +9,22 @@ DFLASH block: a verify block is exactly an extend of `draft_token_num` tokens
 on top of the committed prefix, with causal masking (the block is a linear
 chain). A verify batch with a tree mask (SGLang's NGRAM; on CPU it carries
 the `[bs, n, n]` mask among the block's own tokens only) is attended through
-that mask; any other mask layout is refused rather than ignored. EXTEND and
-DECODE behave exactly as upstream.
+that mask; any other mask layout is refused rather than ignored.
+
+Hybrid sliding-window targets (Laguna, gpt-oss, Gemma 4, MiMo-V2: SGLang's
+`SWAKVPool`) keep their sliding layers' K/V in a second, smaller pool whose
+slots are the full pool's translated through `full_to_swa_index_mapping`.
+Upstream's EXTEND and DECODE write those layers at the translated slots but
+read them at the untranslated ones: right only while both allocators happen
+to hand out the same ids, then wrong values, and an IndexError once a full
+slot id passes the windowed pool's size. Here every read of a sliding
+layer (EXTEND, DECODE, TARGET_VERIFY) goes through the mapping; otherwise
+EXTEND and DECODE behave exactly as upstream.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.layers.radix_attention import AttentionType
@@ -22,11 +33,57 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang_dflash.verify_attention import verify_attention
 
 
+class SlotsThroughMapping:
+    """A slot table read through the full -> windowed slot mapping: indexing it
+    gives windowed-pool slots (0, SGLang's dummy slot, for tokens whose window
+    slot was already freed; the window mask hides them)."""
+
+    def __init__(self, table, mapping):
+        self.table, self.mapping = table, mapping
+
+    def __getitem__(self, index):
+        return self.mapping[self.table[index]]
+
+
 class VerifyCapableTorchNativeAttnBackend(TorchNativeAttnBackend):
+    # The slot table upstream's per-request SDPA loops read: set to a
+    # SlotsThroughMapping while a windowed-pool layer runs (see _reads_for).
+    _window_slots = None
+
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
-        if not forward_batch.forward_mode.is_target_verify():
+        if forward_batch.forward_mode.is_target_verify():
+            return self._forward_target_verify(q, k, v, layer, forward_batch, save_kv_cache)
+        with self._reads_for(layer):
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
-        return self._forward_target_verify(q, k, v, layer, forward_batch, save_kv_cache)
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+        with self._reads_for(layer):
+            return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
+
+    def _in_window_pool(self, layer) -> bool:
+        return self.use_sliding_window_kv_pool and self.token_to_kv_pool.layers_mapping[layer.layer_id][1]
+
+    @contextlib.contextmanager
+    def _reads_for(self, layer):
+        """Upstream's loops index the table they are handed; for a layer of the
+        windowed pool they get it through the mapping."""
+        if not self._in_window_pool(layer):
+            yield
+            return
+        self._window_slots = SlotsThroughMapping(self.req_to_token_pool.req_to_token,
+                                                 self.token_to_kv_pool.full_to_swa_index_mapping)
+        try:
+            yield
+        finally:
+            self._window_slots = None
+
+    def _run_sdpa_forward_extend(self, query, output, k_cache, v_cache, req_to_token, *args, **kwargs):
+        table = req_to_token if self._window_slots is None else self._window_slots
+        return super()._run_sdpa_forward_extend(query, output, k_cache, v_cache, table, *args, **kwargs)
+
+    def _run_sdpa_forward_decode(self, query, output, k_cache, v_cache, req_to_token, *args, **kwargs):
+        table = req_to_token if self._window_slots is None else self._window_slots
+        return super()._run_sdpa_forward_decode(query, output, k_cache, v_cache, table, *args, **kwargs)
 
     def _forward_target_verify(self, q, k, v, layer, forward_batch, save_kv_cache):
         if layer.is_cross_attention or layer.attn_type == AttentionType.ENCODER_ONLY:
@@ -42,12 +99,15 @@ class VerifyCapableTorchNativeAttnBackend(TorchNativeAttnBackend):
         # Only the columns the block can see: the table is as wide as the model's
         # context, and a full row per request per layer is a large copy.
         span = int(forward_batch.seq_lens.max()) + width
+        rows = self.req_to_token_pool.req_to_token[forward_batch.req_pool_indices, :span]
+        if self._in_window_pool(layer):
+            rows = self.token_to_kv_pool.translate_loc_from_full_to_swa(rows)
         query = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
         out = verify_attention(
             query,
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
-            self.req_to_token_pool.req_to_token[forward_batch.req_pool_indices, :span],
+            rows,
             forward_batch.seq_lens,
             width,
             scaling=layer.scaling,

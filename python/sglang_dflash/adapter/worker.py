@@ -786,10 +786,18 @@ class DFlashWorker(BaseSpecWorker):
 def _kv_pool_rows(model_runner) -> int:
     """Rows of the target's full-attention KV pool (the token slot ids). A GDN
     hybrid's pool holds its full-attention layers only, indexed by model layer
-    id; the first one is asked."""
+    id; the first one is asked. A hybrid sliding-window target's sliding layers
+    sit in a smaller windowed pool (`SWAKVPool.layers_mapping`: layer id ->
+    (pool layer, windowed)), whose rows are not slot ids: a full layer is asked."""
     pool = model_runner.token_to_kv_pool
     mapping = getattr(pool, "full_attention_layer_id_mapping", None)
     layer = min(mapping) if mapping else 0
+    windowed = getattr(pool, "layers_mapping", None)
+    if windowed:
+        full = [i for i, (_, in_window) in windowed.items() if not in_window]
+        if not full:  # every layer sliding: the full pool allocates slot ids but holds no layer
+            return pool.full_kv_pool.size + pool.full_kv_pool.page_size
+        layer = min(full)
     return pool.get_key_buffer(layer).shape[0]
 
 

@@ -31,7 +31,6 @@ import json
 import time
 from pathlib import Path
 
-import torch
 
 from ..checkpoint import save_drafter
 from . import tiny_models as tiny
@@ -52,9 +51,8 @@ KINDS = {
 
 def build_hybrid_target(tokenizer, seed: int, kind: str = "dense"):
     import transformers
-    from transformers import GenerationConfig
 
-    eos, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    eos, pad = tiny.special_ids(tokenizer)
     layers = tiny.TARGET_DIMS["num_hidden_layers"]
     kinds = ["full_attention" if (i + 1) % FULL_ATTENTION_INTERVAL == 0 else "linear_attention"
              for i in range(layers)]
@@ -66,14 +64,7 @@ def build_hybrid_target(tokenizer, seed: int, kind: str = "dense"):
     config = getattr(transformers, config_class)(
         vocab_size=len(tokenizer), tie_word_embeddings=False, bos_token_id=None, eos_token_id=eos,
         pad_token_id=pad, layer_types=kinds, **dims)
-    torch.manual_seed(seed)
-    model = getattr(transformers, f"{prefix}ForCausalLM")(config).float().eval()
-    with torch.no_grad():
-        model.model.embed_tokens.weight.normal_(0.0, tiny.EMBED_STD)
-        model.lm_head.weight.normal_(0.0, tiny.HEAD_STD)
-    model.generation_config = GenerationConfig(
-        bos_token_id=None, eos_token_id=eos, pad_token_id=pad, do_sample=False)
-    return model
+    return tiny.random_target(getattr(transformers, f"{prefix}ForCausalLM"), config, tokenizer, seed)
 
 
 def save_hybrid_target(model, tokenizer, out: Path) -> None:
@@ -85,7 +76,6 @@ def save_hybrid_target(model, tokenizer, out: Path) -> None:
 
 
 def write_hybrid_md(path: Path, info: dict, args, seconds: float) -> None:
-    report, tcfg = info["report"], info["config"]
     name, prefix, _, ffn = KINDS[args.kind]
     cls = f"{prefix}ForCausalLM ({info['model_type']})"
     flag = "" if args.kind == "dense" else f" --kind {args.kind}"
@@ -97,15 +87,7 @@ see its docstring), with the tokenizer of `target/`:
 * `{name}-target/`: random HF {cls}: H 64, 4 layers
   (0 and 2 Gated DeltaNet, 1 and 3 gated full attention), {ffn}, vocab 1024,
   untied head; embeddings std {tiny.EMBED_STD}, head std {tiny.HEAD_STD}.
-* `{name}-drafter-trained/`: DFlash v1 drafter (2 layers, block {tiny.BLOCK_SIZE},
-  target_layer_ids {tiny.TRAINED_LAYER_IDS}), trained as `drafter-trained/` is
-  ({info['num_sequences']} prompts continued by the target's greedy decoding,
-  {tcfg.steps} steps).
-* **Held-out greedy acceptance** (bonus included, {info['heldout']} prompts of
-  {tiny.PROMPT_LEN} tokens, {args.eval_tokens} new tokens, reference loop):
-  {report.mean_acceptance_length:.3f}.
-* **Build time.** {seconds:.0f} s on CPU, 1 thread.
-""")
+""" + tiny.trained_drafter_md(name, info, args, seconds))
 
 
 def main(argv=None) -> None:

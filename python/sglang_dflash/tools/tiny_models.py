@@ -136,21 +136,36 @@ def build_tokenizer(texts: list):
 # ---------------------------------------------------------------------------
 
 
-def build_target(tokenizer, seed: int):
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
-
+def special_ids(tokenizer) -> tuple[int, int]:
+    """(eos, pad) token ids of the tiny tokenizer."""
     eos, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
-    config = Qwen3Config(vocab_size=len(tokenizer), rope_theta=ROPE_THETA,
-                         tie_word_embeddings=False, bos_token_id=None, eos_token_id=eos,
-                         pad_token_id=pad, dtype="float32", **TARGET_DIMS)
+    return eos, pad
+
+
+def random_target(model_class, config, tokenizer, seed: int):
+    """A random HF target of `model_class`, embeddings and head rescaled so its
+    greedy chains are bigram-like (a small drafter learns them), eval mode."""
+    from transformers import GenerationConfig
+
+    eos, pad = special_ids(tokenizer)
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config).float().eval()
+    model = model_class(config).float().eval()
     with torch.no_grad():
         model.model.embed_tokens.weight.normal_(0.0, EMBED_STD)
         model.lm_head.weight.normal_(0.0, HEAD_STD)
     model.generation_config = GenerationConfig(
         bos_token_id=None, eos_token_id=eos, pad_token_id=pad, do_sample=False)
     return model
+
+
+def build_target(tokenizer, seed: int):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    eos, pad = special_ids(tokenizer)
+    config = Qwen3Config(vocab_size=len(tokenizer), rope_theta=ROPE_THETA,
+                         tie_word_embeddings=False, bos_token_id=None, eos_token_id=eos,
+                         pad_token_id=pad, dtype="float32", **TARGET_DIMS)
+    return random_target(Qwen3ForCausalLM, config, tokenizer, seed)
 
 
 def save_target(model, tokenizer, out: Path) -> None:
@@ -333,6 +348,20 @@ Command:
 # ---------------------------------------------------------------------------
 # Entry point
 # ---------------------------------------------------------------------------
+
+
+def trained_drafter_md(name: str, info: dict, args, seconds: float) -> str:
+    """The report lines of a pair's `{name}-drafter-trained/` (the tiny_hybrid and
+    tiny_swa reports): what it is, how it was trained, its acceptance, build time."""
+    return f"""* `{name}-drafter-trained/`: DFlash v1 drafter (2 layers, block {BLOCK_SIZE},
+  target_layer_ids {TRAINED_LAYER_IDS}), trained as `drafter-trained/` is
+  ({info['num_sequences']} prompts continued by the target's greedy decoding,
+  {info['config'].steps} steps).
+* **Held-out greedy acceptance** (bonus included, {info['heldout']} prompts of
+  {PROMPT_LEN} tokens, {args.eval_tokens} new tokens, reference loop):
+  {info['report'].mean_acceptance_length:.3f}.
+* **Build time.** {seconds:.0f} s on CPU, 1 thread.
+"""
 
 
 def build_parser(description: str) -> argparse.ArgumentParser:

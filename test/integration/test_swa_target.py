@@ -1,0 +1,77 @@
+"""A hybrid sliding-window target (Laguna) under DFLASH on the CPU engine.
+
+The tiny pair (`tools/tiny_swa.py`): layers 0 and 2 attend over the last 8
+tokens, 1 and 3 over everything, and a drafter trained on the target. SGLang
+keeps the sliding layers' K/V in a second, smaller pool (`SWAKVPool`, 0.8 of
+the full pool's tokens by default) whose slots are the full pool's translated,
+and frees a decoding request's out-of-window slots as it goes. The pool here is
+small (1024 full slots, 819 windowed) and freed every few tokens
+(`SGLANG_SWA_EVICTION_INTERVAL`), so within the two waves of requests the full
+slot ids pass the windowed pool's size and the two pools' ids part: SGLang's
+own torch_native backend then reads the wrong rows (or fails), which our
+backend reads through the translation, and the drafter's context pool must be
+sized by the full pool. The radix cache stays on (SGLang's unified tree with a
+windowed component). Oracle: transformers' greedy choice for plain serving,
+then the plain engine for DFLASH, always on and adaptive.
+"""
+
+import pytest
+import torch
+
+from harness import Job, chat_prompts, output_ids, run_engines
+from sglang_dflash.demo import tiny_paths
+
+NUM_PROMPTS = 8
+GREEDY = {"max_new_tokens": 32, "temperature": 0.0}
+PATHS = tiny_paths()
+ENGINE = {"model_path": PATHS["swa-target"], "max_total_tokens": 1024, "dtype": "float32"}
+ENV = {"SGLANG_SWA_EVICTION_INTERVAL": "4"}
+POLICIES = {"on": '{"mode": "on"}', "adaptive": '{"mode": "adaptive", "probe_interval": 8}'}
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(PATHS["swa-target"])
+    return [tok(text).input_ids for text in chat_prompts(NUM_PROMPTS)]
+
+
+@pytest.fixture(scope="module")
+def engines(prompts):
+    runs = [{"name": "bs4", "input_ids": prompts, "batch_size": 4, "sampling_params": GREEDY}]
+    dflash = {**ENGINE, "speculative_algorithm": "DFLASH",
+              "speculative_draft_model_path": PATHS["swa-drafter-trained"]}
+    jobs = {"plain": Job(ENGINE, runs, env=ENV)}
+    for policy, spec in POLICIES.items():
+        jobs[policy] = Job(dflash, runs, True, {**ENV, "SGLANG_DFLASH_POLICY": spec})
+    return dict(zip(jobs, run_engines(list(jobs.values()))))
+
+
+def test_plain_serving_equals_transformers(engines, prompts):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(PATHS["swa-target"], dtype=torch.float32).eval()
+    served = output_ids(engines["plain"]["bs4"])
+    for i, ids in enumerate(prompts):
+        with torch.no_grad():  # teacher-forced on the served tokens: its greedy choice at each
+            logits = model(torch.tensor([ids + served[i]])).logits[0, len(ids) - 1:-1]
+        want = logits.argmax(-1).tolist()
+        diff = [k for k, (w, g) in enumerate(zip(want, served[i])) if w != g]
+        assert len(served[i]) == GREEDY["max_new_tokens"] and not diff, (
+            f"prompt {i}: served tokens at {diff} are not transformers' greedy choice")
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_dflash_greedy_identical_to_plain(engines, policy):
+    spec, state = engines[policy]
+    want, got = output_ids(engines["plain"]["bs4"]), output_ids(spec["bs4"])
+    diff = [i for i, (w, g) in enumerate(zip(want, got)) if w != g]
+    assert len(got) == NUM_PROMPTS and not diff, f"{policy}: prompts {diff} differ"
+    widths = state["steps_by_width"]
+    if policy == "adaptive":  # widths change between steps, W = 0 included
+        assert state["width_changes"] > 0 and sum(widths) == state["steps"] > 0, state
+        return
+    assert widths[0] == 0 and state["steps"] > 0, widths
+    lengths = [r["meta_info"]["spec_accept_length"] for r in spec["bs4"]["results"]]
+    assert sum(lengths) / len(lengths) > 1.5, lengths  # drafts accepted past the window's edge
