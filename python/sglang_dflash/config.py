@@ -32,6 +32,12 @@ built its config object:
   L - 1 (sglang's `resolve_target_layer_ids` bound).
 * No `mask_token_id`: parsing passes; `resolve_mask_token_id` finds it from
   the target tokenizer at start-up.
+* `DFlashLagunaForCausalLM` (sglang's Laguna drafter, a DFlash v1 layout):
+  `gating` (True / "per-head" default, "per-element", False / null /
+  "disabled", as sglang's `normalize_gating`) sets a softplus gate on each
+  layer's attention output (`g_proj`), and the architecture adds one RMSNorm
+  per context feature before `fc` and each layer's input norm on the context
+  before its K/V (`laguna_context`).
 
 Features this package does not implement (Gemma norms, attention sinks,
 Domino projectors, drafter embeddings, partial / M-RoPE, other drafter
@@ -52,6 +58,11 @@ from sglang_dflash.checks import is_finite, is_int
 
 logger = logging.getLogger(__name__)
 
+LAGUNA_ARCHITECTURE = "DFlashLagunaForCausalLM"
+# sglang's `normalize_gating` values of a Laguna drafter's `gating` key -> our gate.
+_GATING = {True: "per-head", "per-head": "per-head", "per-element": "per-element",
+           False: None, None: None, "disabled": None}
+GATES = ("per-head", "per-element")
 ARCHITECTURE_VERSIONS = {
     "DFlashDraftModel": 1,
     "DFlash2DraftModel": 2,
@@ -59,12 +70,12 @@ ARCHITECTURE_VERSIONS = {
     # config keys and forward); nothing else in sglang keys on these names.
     "DFlash2BeamDraftModel": 2,
     "MiniMaxDFlash2DraftModel": 2,
+    # sglang's Laguna drafter: v1 plus attention gates and context norms (see gating).
+    LAGUNA_ARCHITECTURE: 1,
 }
 # Drafter classes sglang 0.5.23 registers (models/dflash.py EntryClass) whose
 # weights or semantics differ from DFlash / DFlash 2.
 UNSUPPORTED_ARCHITECTURES = {
-    "DFlashLagunaForCausalLM": "it adds per-layer attention gates (g_proj) and per-feature "
-                               "input norms (aux_hidden_norms)",
     "MuseGlimmerAssistantModel": "its config class implies is_causal = false and no vocab_size, "
                                  "and its target layer ids are renumbered for Muse targets",
 }
@@ -164,6 +175,11 @@ class DrafterConfig:
     rope_scaling: RopeScaling | None = None  # None = plain RoPE at rope_theta
     attention_bias: bool = False  # q/k/v/o projections carry biases
     dtype: str | None = None  # the checkpoint's declared dtype (one of DTYPES)
+    # Laguna drafters: attention output * softplus(g_proj(x)), one gate per head
+    # or per element (None = no gate); context features normalized per target
+    # layer before fc, and by each layer's input norm before its K/V.
+    attention_gate: str | None = None
+    laguna_context: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_layer_ids", tuple(self.target_layer_ids))
@@ -223,6 +239,9 @@ def _check_backbone(c: DrafterConfig) -> None:
     _require(isinstance(c.attention_bias, bool), "attention_bias", c.attention_bias,
              "must be a bool")
     _require(c.dtype is None or c.dtype in DTYPES, "dtype", c.dtype, f"must be one of {DTYPES}")
+    _require(c.attention_gate is None or c.attention_gate in GATES, "gating", c.attention_gate,
+             f"must be None or one of {GATES}")
+    _require(isinstance(c.laguna_context, bool), "laguna_context", c.laguna_context, "must be a bool")
 
 
 def _fill_layer_attention(c: DrafterConfig) -> None:
@@ -410,7 +429,7 @@ def _as_bool(name: str, value: Any) -> bool:
     return value
 
 
-def _parse_version(r: _Reader) -> int:
+def _parse_architecture(r: _Reader) -> str:
     arch = r.top.get("architectures")
     ok = isinstance(arch, list) and all(isinstance(a, str) for a in arch)
     _require(ok, "architectures", arch, "must be a list of strings")
@@ -422,7 +441,21 @@ def _parse_version(r: _Reader) -> int:
     known = [a for a in arch if a in ARCHITECTURE_VERSIONS]
     _require(len(known) == 1, "architectures", arch,
              f"must name exactly one of {sorted(ARCHITECTURE_VERSIONS)}")
-    return ARCHITECTURE_VERSIONS[known[0]]
+    return known[0]
+
+
+def _parse_gating(r: _Reader, architecture: str) -> str | None:
+    """A Laguna drafter's attention gate (sglang: `getattr(config, "gating", True)`);
+    other architectures have none, and a `gating` key there is refused rather
+    than ignored (sglang's DFlashDraftModel builds no gate)."""
+    name, value = r.text_key("gating", default=True if architecture == LAGUNA_ARCHITECTURE else None)
+    if architecture != LAGUNA_ARCHITECTURE:
+        _require(value is None, name, value, f"is a {LAGUNA_ARCHITECTURE} key; this drafter has no "
+                 "attention gate")
+        return None
+    _require(isinstance(value, (bool, str, type(None))) and value in _GATING, name, value,
+             "must be true, false, null, \"per-head\", \"per-element\" or \"disabled\"")
+    return _GATING[value]
 
 
 # ---- RoPE ------------------------------------------------------------------------
@@ -710,7 +743,8 @@ def parse_drafter_config(
         DrafterConfig. Raises ValueError naming the key on any violation.
     """
     r = _Reader(hf_config)
-    version = _parse_version(r)
+    architecture = _parse_architecture(r)
+    version = ARCHITECTURE_VERSIONS[architecture]
     ints = {k: _as_int(*r.text_key(k)) for k in (
         "hidden_size", "intermediate_size", "num_hidden_layers",
         "num_attention_heads", "vocab_size")}
@@ -752,6 +786,8 @@ def parse_drafter_config(
         rope_scaling=rope_scaling,
         attention_bias=_as_bool(*r.text_key("attention_bias", default=False)),
         dtype=_parse_dtype(r),
+        attention_gate=_parse_gating(r, architecture),
+        laguna_context=architecture == LAGUNA_ARCHITECTURE,
     )
     _check_against_target(cfg, target_hidden_size, target_vocab_size)
     _warn_last_layer_tap(cfg)

@@ -23,7 +23,8 @@ def tiny_paths() -> dict[str, str]:
     """Directories of the bundled tiny models by role."""
     names = ("target", "drafter-random", "drafter-trained", "dflash2-random",
              "hybrid-target", "hybrid-drafter-trained", "hybrid-moe-target", "hybrid-moe-drafter-trained",
-             "hybrid-next-target", "hybrid-next-drafter-trained", "swa-target", "swa-drafter-trained")
+             "hybrid-next-target", "hybrid-next-drafter-trained", "swa-target", "swa-drafter-trained",
+             "swa-drafter-laguna")
     return {name: os.path.join(ASSETS, name) for name in names}
 
 

@@ -27,6 +27,12 @@ DFlash 2 adds a grouped two-tap dynamic convolution around each attention and
 MLP sublayer (`GroupedConv`) and owns the candidate-selector parameters
 (`CandidateSelector`; the scoring lives in select.py).
 
+sglang's Laguna drafter (`cfg.laguna_context`, `cfg.attention_gate`) is the v1
+layout plus a softplus gate on each attention output (`g_proj` of the
+attention's input, per head or per element), one RMSNorm per target layer's
+features before `fc` (`aux_hidden_norms`), and each layer's `input_layernorm`
+on the context features before its K/V.
+
 Parameter names equal the published checkpoint names (docs/design.md §9), so
 `DFlashDrafter(cfg).state_dict()` can be saved and loaded as is.
 """
@@ -246,6 +252,20 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=bias)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.gate = cfg.attention_gate
+        if self.gate is not None:  # Laguna: one gate per head, or per output element
+            self.g_proj = nn.Linear(h, self.num_heads * (1 if self.gate == "per-head" else d), bias=False)
+
+    def _gated(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """out [bs, B, nh, d] * softplus(g_proj(x)) (x: the attention's input),
+        the gate computed in float32 and applied in out's dtype, as sglang's
+        Laguna drafter does; identity without a gate."""
+        if self.gate is None:
+            return out
+        gate = F.softplus(_upcast(self.g_proj(x))).to(out.dtype)
+        if self.gate == "per-head":
+            return out * gate.unsqueeze(-1)
+        return out * gate.unflatten(-1, (self.num_heads, self.head_dim))
 
     def key_value(self, x: torch.Tensor, positions: torch.Tensor):
         """x [..., S, H], positions [..., S] -> k, v [..., S, kv_heads, head_dim]."""
@@ -267,7 +287,7 @@ class Attention(nn.Module):
         if isinstance(ctx_k, PagedLayer):  # context read in place (ctx_v, ctx_valid unused)
             out = ops.block_context_attention(q, k, v, ctx_k, positions, causal=self.causal,
                                               window=self.window)
-            return self.o_proj(out.to(x.dtype).flatten(-2))
+            return self.o_proj(self._gated(out.to(x.dtype), x).flatten(-2))
         k = torch.cat((ctx_k.to(k.dtype), k), dim=1)  # [bs, L + B, kvh, d]
         v = torch.cat((ctx_v.to(v.dtype), v), dim=1)
         block_valid = ctx_valid.new_ones(bs, block)
@@ -279,7 +299,7 @@ class Attention(nn.Module):
                 (ctx_positions.expand(bs, -1), positions), dim=1)  # [bs, L + B]
         out = _masked_attention(q, k, v, valid, positions, key_positions,
                                 causal=self.causal, window=self.window)
-        return self.o_proj(out.flatten(-2))
+        return self.o_proj(self._gated(out, x).flatten(-2))
 
 
 def _masked_attention(q, k, v, valid, query_positions=None, key_positions=None, *,
@@ -391,6 +411,9 @@ class DFlashDrafter(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.fc = nn.Linear(cfg.num_context_features * h, h, bias=False)
         self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
+        if cfg.laguna_context:  # one norm per target layer's features, before fc
+            self.aux_hidden_norms = nn.ModuleList(
+                RMSNorm(h, cfg.rms_norm_eps) for _ in range(cfg.num_context_features))
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self.candidate_selector = (
             CandidateSelector(h, cfg.vocab_size, cfg.selector_rank) if cfg.has_selector else None)
@@ -408,6 +431,10 @@ class DFlashDrafter(nn.Module):
             raise ValueError(
                 f"target_hidden has shape {tuple(target_hidden.shape)}; expected [..., {expected}] "
                 f"({self.cfg.num_context_features} target layers x hidden {self.cfg.hidden_size})")
+        if self.cfg.laguna_context:
+            slices = target_hidden.unflatten(-1, (self.cfg.num_context_features, self.cfg.hidden_size))
+            target_hidden = torch.cat([norm(slices[..., j, :]) for j, norm in enumerate(self.aux_hidden_norms)],
+                                      dim=-1)
         return self.hidden_norm(self.fc(target_hidden))
 
     def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor):
@@ -418,7 +445,8 @@ class DFlashDrafter(nn.Module):
         Returns:
             k, v: each [num_layers, N, kv_heads, head_dim].
         """
-        pairs = [layer.self_attn.key_value(ctx, positions) for layer in self.layers]
+        pairs = [layer.self_attn.key_value(layer.input_layernorm(ctx) if self.cfg.laguna_context else ctx,
+                                           positions) for layer in self.layers]
         return torch.stack([k for k, _ in pairs]), torch.stack([v for _, v in pairs])
 
     def forward_block(self, block_embeds, block_positions, ctx_k, ctx_v, ctx_valid):

@@ -30,6 +30,7 @@ def _check(drafter_dir, target_dir=TARGET) -> dict:
     ("drafter-trained", "DFlashDraftModel", 1),
     ("dflash2-random", "DFlash2DraftModel", 2),
     ("demo", "DFlash2DraftModel", 2),  # written by `sglang-dflash train`
+    ("swa-drafter-laguna", "DFlashLagunaForCausalLM", 1),  # SGLang's Laguna drafter layout
 ])
 def test_registry_resolves_our_class_and_loads_identically(name, arch, version):
     if name == "demo":
@@ -37,6 +38,8 @@ def test_registry_resolves_our_class_and_loads_identically(name, arch, version):
 
         target, drafter = demo_pair()
         out = _check(drafter, target)
+    elif name == "swa-drafter-laguna":
+        out = _check(PATHS[name], PATHS["swa-target"])
     else:
         out = _check(PATHS[name])
     assert out["arch"] == arch and out["module"] == "sglang_dflash.adapter.models.dflash_draft"

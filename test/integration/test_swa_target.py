@@ -11,8 +11,10 @@ slot ids pass the windowed pool's size and the two pools' ids part: SGLang's
 own torch_native backend then reads the wrong rows (or fails), which our
 backend reads through the translation, and the drafter's context pool must be
 sized by the full pool. The radix cache stays on (SGLang's unified tree with a
-windowed component). Oracle: transformers' greedy choice for plain serving,
-then the plain engine for DFLASH, always on and adaptive.
+windowed component), and prompts are prefilled in chunks. Oracle: transformers' greedy choice for plain serving,
+then the plain engine for DFLASH: adaptive with the DFlash v1 drafter, and
+always on with a drafter in SGLang's Laguna drafter layout
+(`DFlashLagunaForCausalLM`, trained on the same target).
 """
 
 import pytest
@@ -24,9 +26,15 @@ from sglang_dflash.demo import tiny_paths
 NUM_PROMPTS = 8
 GREEDY = {"max_new_tokens": 32, "temperature": 0.0}
 PATHS = tiny_paths()
-ENGINE = {"model_path": PATHS["swa-target"], "max_total_tokens": 1024, "dtype": "float32"}
+# Chunks of 32 tokens: a prompt's later chunks read its earlier ones' sliding
+# layers from the windowed pool (an extend on top of a prefix).
+ENGINE = {"model_path": PATHS["swa-target"], "max_total_tokens": 1024, "chunked_prefill_size": 32,
+          "dtype": "float32"}
 ENV = {"SGLANG_SWA_EVICTION_INTERVAL": "4"}
-POLICIES = {"on": '{"mode": "on"}', "adaptive": '{"mode": "adaptive", "probe_interval": 8}'}
+# name -> (drafter, policy): the v1 drafter under the adaptive policy (widths
+# change between steps, W = 0 included), the Laguna-layout one always on.
+CASES = {"adaptive": ("swa-drafter-trained", '{"mode": "adaptive", "probe_interval": 8}'),
+         "laguna-on": ("swa-drafter-laguna", '{"mode": "on"}')}
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +48,10 @@ def prompts():
 @pytest.fixture(scope="module")
 def engines(prompts):
     runs = [{"name": "bs4", "input_ids": prompts, "batch_size": 4, "sampling_params": GREEDY}]
-    dflash = {**ENGINE, "speculative_algorithm": "DFLASH",
-              "speculative_draft_model_path": PATHS["swa-drafter-trained"]}
     jobs = {"plain": Job(ENGINE, runs, env=ENV)}
-    for policy, spec in POLICIES.items():
-        jobs[policy] = Job(dflash, runs, True, {**ENV, "SGLANG_DFLASH_POLICY": spec})
+    for case, (drafter, policy) in CASES.items():
+        dflash = {**ENGINE, "speculative_algorithm": "DFLASH", "speculative_draft_model_path": PATHS[drafter]}
+        jobs[case] = Job(dflash, runs, True, {**ENV, "SGLANG_DFLASH_POLICY": policy})
     return dict(zip(jobs, run_engines(list(jobs.values()))))
 
 
@@ -62,14 +69,16 @@ def test_plain_serving_equals_transformers(engines, prompts):
             f"prompt {i}: served tokens at {diff} are not transformers' greedy choice")
 
 
-@pytest.mark.parametrize("policy", list(POLICIES))
-def test_dflash_greedy_identical_to_plain(engines, policy):
-    spec, state = engines[policy]
+@pytest.mark.parametrize("case", list(CASES))
+def test_dflash_greedy_identical_to_plain(engines, case):
+    """"laguna-on": SGLang's Laguna drafter layout (gated attention outputs,
+    normalized context features), trained on the target: drafts accepted."""
+    spec, state = engines[case]
     want, got = output_ids(engines["plain"]["bs4"]), output_ids(spec["bs4"])
     diff = [i for i, (w, g) in enumerate(zip(want, got)) if w != g]
-    assert len(got) == NUM_PROMPTS and not diff, f"{policy}: prompts {diff} differ"
+    assert len(got) == NUM_PROMPTS and not diff, f"{case}: prompts {diff} differ"
     widths = state["steps_by_width"]
-    if policy == "adaptive":  # widths change between steps, W = 0 included
+    if case == "adaptive":
         assert state["width_changes"] > 0 and sum(widths) == state["steps"] > 0, state
         return
     assert widths[0] == 0 and state["steps"] > 0, widths

@@ -28,12 +28,15 @@ torch.set_num_threads(1)
 TARGET = dict(target_hidden_size=32, target_vocab_size=96, target_num_layers=4)
 
 
+ARCHITECTURES = {1: "DFlashDraftModel", 2: "DFlash2DraftModel", "laguna": "DFlashLagunaForCausalLM"}
+
+
 def cfg_dict(version=1):
     dflash = {"block_size": 4, "target_layer_ids": [0, 2], "mask_token_id": 95}
     if version == 2:
         dflash.update(conv_kernel_size=2, conv_group_size=8, selector_rank=4, selector_top_k=5)
     return {
-        "architectures": ["DFlashDraftModel" if version == 1 else "DFlash2DraftModel"],
+        "architectures": [ARCHITECTURES[version]],
         "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
         "vocab_size": 96, "rope_theta": 10000.0, "num_target_layers": 4,
@@ -69,7 +72,7 @@ def block_outputs(model):
     return model.forward_block(embeds, pos, k[:, None], v[:, None], valid)
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, "laguna"])
 def test_round_trip_identical(tmp_path, version):
     model, path = saved(tmp_path, version)
     loaded = load_drafter(path, **TARGET)
@@ -120,6 +123,14 @@ def test_missing_weight(tmp_path):
                                      w.pop("candidate_selector.successor_codebook")])
     expect_error(path, "missing weights", "layers.1.mlp_conv.base_kernel",
                  "candidate_selector.successor_codebook")
+
+
+def test_missing_laguna_weights(tmp_path):
+    """A Laguna drafter's gates and context norms are weights like any other."""
+    _, path = saved(tmp_path, version="laguna")
+    rewrite_weights(path, lambda w: [w.pop("layers.0.self_attn.g_proj.weight"),
+                                     w.pop("aux_hidden_norms.1.weight")])
+    expect_error(path, "missing weights", "layers.0.self_attn.g_proj.weight", "aux_hidden_norms.1.weight")
 
 
 def test_extra_tensors_are_ignored_with_a_warning(tmp_path, caplog):

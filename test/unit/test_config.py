@@ -295,7 +295,36 @@ def test_architecture_aliases(arch, version):
     assert parse_drafter_config(raw, **TARGET).version == version
 
 
-@pytest.mark.parametrize("arch", ["DFlashLagunaForCausalLM", "MuseGlimmerAssistantModel"])
+@pytest.mark.parametrize("gating,gate", [
+    (None, "per-head"),  # absent: sglang's getattr(config, "gating", True)
+    (True, "per-head"), ("per-head", "per-head"), ("per-element", "per-element"),
+    (False, None), ("disabled", None),
+])
+def test_laguna_drafter_gating(gating, gate):
+    """sglang's Laguna drafter: a v1 layout with a gate per its `gating` (as sglang's
+    normalize_gating reads it) and the Laguna context norms."""
+    raw = v1_dict()
+    raw["architectures"] = ["DFlashLagunaForCausalLM"]
+    if gating is not None:
+        raw["gating"] = gating
+    cfg = parse_drafter_config(raw, **TARGET)
+    assert (cfg.version, cfg.attention_gate, cfg.laguna_context) == (1, gate, True)
+
+
+@pytest.mark.parametrize("arch,gating,needle", [
+    ("DFlashLagunaForCausalLM", "per-channel", "gating"),
+    ("DFlashLagunaForCausalLM", ["per-head"], "gating"),
+    # a gate on an architecture whose sglang class builds none is refused, not ignored
+    ("DFlashDraftModel", True, "gating"),
+])
+def test_bad_gating_is_refused_naming_the_key(arch, gating, needle):
+    raw = v1_dict()
+    raw["architectures"], raw["gating"] = [arch], gating
+    with pytest.raises(ValueError, match=needle):
+        parse_drafter_config(raw, **TARGET)
+
+
+@pytest.mark.parametrize("arch", ["MuseGlimmerAssistantModel"])
 def test_upstream_only_architectures_are_refused_by_name(arch):
     raw = v1_dict()
     raw["architectures"] = [arch]

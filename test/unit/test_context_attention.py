@@ -34,10 +34,13 @@ def _config(**top):
      "is_causal": True},
     {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 9,
      "use_sliding_window": True, "is_causal": False},
+    # sglang's Laguna drafter: the attention output gated after either path's attention
+    {"architectures": ["DFlashLagunaForCausalLM"]},
+    {"architectures": ["DFlashLagunaForCausalLM"], "gating": "per-element"},
 ])
 def test_paged_block_attention_equals_the_gathered_path(layers):
     cfg = _config(**layers)
-    assert cfg.has_masked_layers == bool(layers), (cfg.layer_causal, cfg.layer_window)
+    assert cfg.has_masked_layers == ("layer_types" in layers), (cfg.layer_causal, cfg.layer_window)
     torch.manual_seed(0)
     drafter = DFlashDrafter(cfg).eval()
     for p in drafter.parameters():

@@ -28,7 +28,14 @@ torch.set_num_threads(1)
 H, V = 32, 96
 
 
+# sglang's Laguna drafter (DFlashLagunaForCausalLM): v1 plus attention gates and context norms.
+LAGUNA = {"laguna-per-head": dict(attention_gate="per-head", laguna_context=True),
+          "laguna-per-element": dict(attention_gate="per-element", laguna_context=True)}
+
+
 def make_cfg(version=1, layers=2, conv=False, **kw) -> DrafterConfig:
+    if version in LAGUNA:
+        return make_cfg(1, layers, conv, **LAGUNA[version], **kw)
     extra = {}
     if conv or version == 2:
         extra.update(conv_kernel_size=2, conv_group_size=8)
@@ -62,6 +69,10 @@ def published_names(cfg: DrafterConfig) -> set:
             for side in ("attention", "mlp"):
                 names |= {f"layers.{i}.{side}_conv.base_kernel",
                           f"layers.{i}.{side}_conv.kernel_projection.weight"}
+        if cfg.attention_gate is not None:
+            names.add(f"layers.{i}.self_attn.g_proj.weight")
+    if cfg.laguna_context:
+        names |= {f"aux_hidden_norms.{j}.weight" for j in range(cfg.num_context_features)}
     if cfg.has_selector:
         names |= {"candidate_selector.predecessor_codebook",
                   "candidate_selector.successor_codebook",
@@ -69,13 +80,17 @@ def published_names(cfg: DrafterConfig) -> set:
     return names
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, *LAGUNA])
 def test_state_dict_names_and_shapes_are_published(version):
     cfg = make_cfg(version)
     sd = DFlashDrafter(cfg).state_dict()
     assert set(sd) == published_names(cfg)
     assert sd["fc.weight"].shape == (H, 2 * H)
     assert sd["layers.0.self_attn.k_proj.weight"].shape == (2 * 8, H)
+    if version in LAGUNA:  # sglang: g_proj out = heads (per head) or heads x head_dim
+        gates = 4 if cfg.attention_gate == "per-head" else 4 * 8
+        assert sd["layers.1.self_attn.g_proj.weight"].shape == (gates, H)
+        assert sd["aux_hidden_norms.1.weight"].shape == (H,)
     if version == 2:
         groups = H // 8
         assert sd["layers.1.mlp_conv.base_kernel"].shape == (2, 2, H)
@@ -216,7 +231,12 @@ def naive_conv(conv, x, sublayer):
 
 
 def naive_attention(p, cfg, ctx, kv_positions, positions, x):
-    """Block queries x over keys of [context features, x]; p = one layer's weights."""
+    """Block queries x over keys of [context features, x]; p = one layer's weights.
+    A Laguna drafter's context goes through the layer's input norm first, and its
+    output is gated by softplus(x g_proj^T) per head or per element (sglang's
+    DFlashLagunaForCausalLM)."""
+    if cfg.laguna_context:
+        ctx = naive_rms(ctx, p["input_layernorm.weight"])
     nh, kvh, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     q = naive_rms((x @ p["self_attn.q_proj.weight"].t()).view(-1, nh, d),
                   p["self_attn.q_norm.weight"])
@@ -230,6 +250,9 @@ def naive_attention(p, cfg, ctx, kv_positions, positions, x):
         g = head // (nh // kvh)
         w = torch.softmax(q[:, head] @ k[:, g].t() / math.sqrt(d), dim=-1)
         out[:, head] = w @ v[:, g]
+    if cfg.attention_gate is not None:
+        gate = torch.nn.functional.softplus(x @ p["self_attn.g_proj.weight"].t())
+        out = out * (gate[:, :, None] if cfg.attention_gate == "per-head" else gate.view(-1, nh, d))
     return out.flatten(1) @ p["self_attn.o_proj.weight"].t()
 
 
@@ -242,6 +265,9 @@ def naive_drafter(model, embeds, positions, target_hidden, ctx_positions):
     """One request: concatenate context and block K/V per layer, plain softmax."""
     sd = {k: v.double() for k, v in model.state_dict().items()}
     cfg = model.cfg
+    if cfg.laguna_context:  # each target layer's features normalized by its own norm
+        target_hidden = torch.cat([naive_rms(part, sd[f"aux_hidden_norms.{j}.weight"]) for j, part in
+                                   enumerate(target_hidden.split(cfg.hidden_size, dim=-1))], dim=-1)
     ctx = naive_rms(target_hidden @ sd["fc.weight"].t(), sd["hidden_norm.weight"])
     h = embeds
     for i, layer in enumerate(model.layers):
@@ -255,7 +281,7 @@ def naive_drafter(model, embeds, positions, target_hidden, ctx_positions):
     return naive_rms(h, sd["norm.weight"])
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, *LAGUNA])
 def test_context_kv_then_forward_block_matches_naive(version):
     cfg = make_cfg(version)
     model = randomise(DFlashDrafter(cfg)).double()

@@ -262,12 +262,16 @@ def self_generate(target, prompts: list, new_tokens: int, batch: int = 64) -> li
     return outputs
 
 
-def train_tiny_drafter(target, tokenizer, corpus: dict, args, log) -> tuple:
+def train_tiny_drafter(target, tokenizer, corpus: dict, args, log, architecture: str = "DFlashDraftModel",
+                       top: dict | None = None) -> tuple:
+    """A 2-layer v1-layout drafter of `architecture` (config keys `top` added at
+    the top level) trained on the target's own greedy continuations."""
     from ..train import TrainConfig, TrainHistory, measure_acceptance, train_drafter
 
     mask_id = tokenizer.convert_tokens_to_ids("<|MASK|>")
-    cfg_dict = drafter_config_dict(target.config, architecture="DFlashDraftModel", num_layers=2,
+    cfg_dict = drafter_config_dict(target.config, architecture=architecture, num_layers=2,
                                    target_layer_ids=TRAINED_LAYER_IDS, mask_token_id=mask_id)
+    cfg_dict.update(top or {})
     torch.manual_seed(args.seed + 3)
     drafter = DFlashDrafter(parse_drafter_config(cfg_dict))
     t0 = time.time()

@@ -1,4 +1,5 @@
-"""`DFlashDraftModel` / `DFlash2DraftModel`: our drafter as SGLang model classes.
+"""`DFlashDraftModel` / `DFlash2DraftModel` (and the aliases SGLang 0.5.23
+registers, `DFlashLagunaForCausalLM` among them): our drafter as SGLang model classes.
 
 SGLang resolves a checkpoint's `architectures[0]` through `ModelRegistry` and
 builds the class as `Cls(config, quant_config=None, prefix="")`, then streams
@@ -63,4 +64,9 @@ class MiniMaxDFlash2DraftModel(DFlashDraftModel):
     """An alias SGLang 0.5.23 loads as DFlash 2 (an empty subclass upstream)."""
 
 
-EntryClass = [DFlashDraftModel, DFlash2DraftModel, DFlash2BeamDraftModel, MiniMaxDFlash2DraftModel]
+class DFlashLagunaForCausalLM(DFlashDraftModel):
+    """SGLang's Laguna drafter name: v1 with attention gates and context norms (config.py)."""
+
+
+EntryClass = [DFlashDraftModel, DFlash2DraftModel, DFlash2BeamDraftModel, MiniMaxDFlash2DraftModel,
+              DFlashLagunaForCausalLM]
