@@ -43,6 +43,11 @@ SAMPLING = {"max_new_tokens": 4, "temperature": 0.9, "top_p": 0.95, "top_k": 16}
 # at a feasible N would notice them dropped.
 FILTERED = {**SAMPLING, "min_p": 0.05, "frequency_penalty": -1.5, "presence_penalty": -1.0}
 P_MIN = 1e-4
+# The tests sample mixed_chat_prompts' fifth prompt (a HumanEval stub). Of the
+# first twelve, the four code prompts' continuations move most with the
+# temperature, so the test reaches its power at about a third of the samples
+# the first (a GSM8K question) needs: `--prompt I` compares them.
+PROMPT_INDEX = 4
 FEATURES = ("token2", "token3", "token4", "pair23")
 
 
@@ -185,6 +190,13 @@ def min_fit_p(sample: dict[str, list], probs: dict[str, dict]) -> tuple[str, flo
     return min(((k, goodness_of_fit_p(sample[k], probs[k])) for k in FEATURES), key=lambda kp: kp[1])
 
 
+def sampling_prompt(target: str, index: int = PROMPT_INDEX) -> str:
+    """The sampling tests' prompt in the target's chat template."""
+    from sglang_dflash.tools.prompts import mixed_chat_prompts
+
+    return mixed_chat_prompts(target, index + 1)[index]
+
+
 def load_target(path: str):
     """(model, tokenizer, stop ids) of an HF target directory, float32, eval."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -242,18 +254,18 @@ def main() -> None:
     ap.add_argument("--n", type=int, nargs="+", default=[6000, 8000, 10000, 12000, 20000])
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--filtered", action="store_true", help="FILTERED's params (min_p, penalties), not SAMPLING's")
+    ap.add_argument("--prompt", type=int, default=PROMPT_INDEX, help="index in mixed_chat_prompts (the tests' one)")
     args = ap.parse_args()
     sampling = FILTERED if args.filtered else SAMPLING
 
     from sglang_dflash.demo import demo_pair, tiny_paths
-    from sglang_dflash.tools.prompts import mixed_chat_prompts
 
     target = demo_pair()[0] if args.target == "demo" else tiny_paths()["target"]
-    text = mixed_chat_prompts(target, 1)[0]  # the tests' prompt
+    text = sampling_prompt(target, args.prompt)
     base, alt = exact_distributions(target, text, sampling, {**sampling, "temperature": args.alt})
     params = ", ".join(f"{k} {v}" for k, v in sampling.items() if k not in ("temperature", "max_new_tokens"))
     print(f"{args.target} target: T={sampling['temperature']} vs T={args.alt}, {params}; {len(base[0])} "
-          f"continuations; fail at p < {P_MIN:g}; {args.reps} runs each")
+          f"continuations of prompt {args.prompt}; fail at p < {P_MIN:g}; {args.reps} runs each")
     print("  (power / false alarms of the homogeneity test against plain samples, then of the fit to exact)")
     for n in args.n:
         row = [simulated_power(base, alt, n, args.reps), simulated_power(base, base, n, args.reps, seed=1),

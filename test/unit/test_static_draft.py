@@ -18,7 +18,6 @@ import torch
 from sglang_dflash.checkpoint import load_drafter
 from sglang_dflash.demo import tiny_paths
 from sglang_dflash.draft import context_slots, make_blocks
-from sglang_dflash.model import PagedContext
 from sglang_dflash.propose import propose
 from sglang_dflash.ragged import gather_rows
 from sglang_dflash.static_draft import DraftInputs, StaticDraftStep, default_buckets, paged_draft_body

@@ -13,7 +13,7 @@ that mask; any other mask layout is refused rather than ignored.
 
 Hybrid sliding-window targets (Laguna, gpt-oss, Gemma 4, MiMo-V2: SGLang's
 `SWAKVPool`) keep their sliding layers' K/V in a second, smaller pool whose
-slots are the full pool's translated through `full_to_swa_index_mapping`.
+slots are the full pool's translated (`translate_loc_from_full_to_swa`).
 Upstream's EXTEND and DECODE write those layers at the translated slots but
 read them at the untranslated ones: right only while both allocators happen
 to hand out the same ids, then wrong values, and an IndexError once a full
@@ -34,15 +34,15 @@ from sglang_dflash.verify_attention import verify_attention
 
 
 class SlotsThroughMapping:
-    """A slot table read through the full -> windowed slot mapping: indexing it
-    gives windowed-pool slots (0, SGLang's dummy slot, for tokens whose window
-    slot was already freed; the window mask hides them)."""
+    """A slot table read through the pool's full -> windowed slot translation:
+    indexing it gives windowed-pool slots (0, SGLang's dummy slot, for tokens
+    whose window slot was already freed; the window mask hides them)."""
 
-    def __init__(self, table, mapping):
-        self.table, self.mapping = table, mapping
+    def __init__(self, table, pool):
+        self.table, self.pool = table, pool
 
     def __getitem__(self, index):
-        return self.mapping[self.table[index]]
+        return self.pool.translate_loc_from_full_to_swa(self.table[index])
 
 
 class VerifyCapableTorchNativeAttnBackend(TorchNativeAttnBackend):
@@ -70,8 +70,7 @@ class VerifyCapableTorchNativeAttnBackend(TorchNativeAttnBackend):
         if not self._in_window_pool(layer):
             yield
             return
-        self._window_slots = SlotsThroughMapping(self.req_to_token_pool.req_to_token,
-                                                 self.token_to_kv_pool.full_to_swa_index_mapping)
+        self._window_slots = SlotsThroughMapping(self.req_to_token_pool.req_to_token, self.token_to_kv_pool)
         try:
             yield
         finally:

@@ -31,7 +31,6 @@ import json
 import time
 from pathlib import Path
 
-
 from ..checkpoint import save_drafter
 from . import tiny_models as tiny
 
@@ -64,7 +63,7 @@ def build_hybrid_target(tokenizer, seed: int, kind: str = "dense"):
     config = getattr(transformers, config_class)(
         vocab_size=len(tokenizer), tie_word_embeddings=False, bos_token_id=None, eos_token_id=eos,
         pad_token_id=pad, layer_types=kinds, **dims)
-    return tiny.random_target(getattr(transformers, f"{prefix}ForCausalLM"), config, tokenizer, seed)
+    return tiny.random_target(getattr(transformers, f"{prefix}ForCausalLM"), config, seed)
 
 
 def save_hybrid_target(model, tokenizer, out: Path) -> None:

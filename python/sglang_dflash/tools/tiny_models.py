@@ -142,12 +142,13 @@ def special_ids(tokenizer) -> tuple[int, int]:
     return eos, pad
 
 
-def random_target(model_class, config, tokenizer, seed: int):
+def random_target(model_class, config, seed: int):
     """A random HF target of `model_class`, embeddings and head rescaled so its
-    greedy chains are bigram-like (a small drafter learns them), eval mode."""
+    greedy chains are bigram-like (a small drafter learns them), eval mode; its
+    generation config takes the config's eos and pad ids."""
     from transformers import GenerationConfig
 
-    eos, pad = special_ids(tokenizer)
+    eos, pad = config.eos_token_id, config.pad_token_id
     torch.manual_seed(seed)
     model = model_class(config).float().eval()
     with torch.no_grad():
@@ -165,7 +166,7 @@ def build_target(tokenizer, seed: int):
     config = Qwen3Config(vocab_size=len(tokenizer), rope_theta=ROPE_THETA,
                          tie_word_embeddings=False, bos_token_id=None, eos_token_id=eos,
                          pad_token_id=pad, dtype="float32", **TARGET_DIMS)
-    return random_target(Qwen3ForCausalLM, config, tokenizer, seed)
+    return random_target(Qwen3ForCausalLM, config, seed)
 
 
 def save_target(model, tokenizer, out: Path) -> None:

@@ -44,7 +44,7 @@ def build_swa_target(tokenizer, seed: int):
         vocab_size=len(tokenizer), tie_word_embeddings=False, bos_token_id=None, eos_token_id=eos,
         pad_token_id=pad, sliding_window=WINDOW, layer_types=LAYER_TYPES, gating="per-head",
         mlp_layer_types=["dense"] * layers, **tiny.TARGET_DIMS)
-    return tiny.random_target(LagunaForCausalLM, config, tokenizer, seed)
+    return tiny.random_target(LagunaForCausalLM, config, seed)
 
 
 def write_swa_md(path: Path, info: dict, laguna_info: dict, args, seconds: float) -> None:

@@ -1,10 +1,7 @@
 """Online acceptance rates and E(W)."""
 
-import itertools
-import json
 import math
 import random
-import time
 
 import pytest
 
