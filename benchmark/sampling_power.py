@@ -42,6 +42,10 @@ SAMPLING = {"max_new_tokens": 4, "temperature": 0.9, "top_p": 0.95, "top_k": 16}
 # tokens of the demo target, which seldom repeat a token so early, so no test
 # at a feasible N would notice them dropped.
 FILTERED = {**SAMPLING, "min_p": 0.05, "frequency_penalty": -1.5, "presence_penalty": -1.0}
+# The same with SGLang's scaling penalty alone (beside the additive ones plain
+# decoding applies the two in a set's iteration order, so no fixed model).
+# Below 1 it favours repeats, for the reason the additive ones are negative.
+REPETITION = {**SAMPLING, "repetition_penalty": 0.5}
 P_MIN = 1e-4
 # The tests sample mixed_chat_prompts' fifth prompt (a HumanEval stub). Of the
 # first twelve, the four code prompts' continuations move most with the
@@ -133,9 +137,20 @@ def penalized(logits: torch.Tensor, history: torch.Tensor, frequency: float, pre
     return logits - frequency * counts - presence * (counts > 0).to(logits.dtype)
 
 
+def scaled(logits: torch.Tensor, history: torch.Tensor, repetition: float) -> torch.Tensor:
+    """[n, V] logits with SGLang's repetition penalty for each row's output so
+    far (history [n, j]): a token that occurred has its logit divided by r if
+    positive, multiplied by r if negative."""
+    if history.shape[1] == 0 or repetition == 1.0:
+        return logits
+    seen = torch.zeros(logits.shape, dtype=torch.bool).scatter_(1, history, True)
+    return torch.where(seen, torch.where(logits < 0, logits * repetition, logits / repetition), logits)
+
+
 def _next_probs(logits: torch.Tensor, history: torch.Tensor, sampling: dict) -> torch.Tensor:
     """The distribution a request with `sampling` draws its next token from."""
     logits = penalized(logits, history, sampling.get("frequency_penalty", 0.0), sampling.get("presence_penalty", 0.0))
+    logits = scaled(logits, history, sampling.get("repetition_penalty", 1.0))
     return filtered_probs(logits, sampling["temperature"], sampling["top_k"], sampling["top_p"],
                           sampling.get("min_p", 0.0))
 
@@ -145,12 +160,13 @@ def continuation_distribution(model, prompt_ids: list[int], stop_ids: set[int], 
                               chunk: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
     """Every continuation of the prompt of sampling["max_new_tokens"] tokens and
     its probability under `sampling` (SGLang's sampling params: temperature,
-    top_k, top_p, optional min_p, frequency_penalty, presence_penalty):
-    ([n, depth] int64 ids, [n] float64 masses summing to 1)."""
-    if sampling.get("repetition_penalty", 1.0) != 1.0:
+    top_k, top_p, optional min_p, frequency_penalty, presence_penalty, or
+    repetition_penalty alone): ([n, depth] int64 ids, [n] float64 masses summing to 1)."""
+    additive = sampling.get("frequency_penalty", 0.0) != 0.0 or sampling.get("presence_penalty", 0.0) != 0.0
+    if additive and sampling.get("repetition_penalty", 1.0) != 1.0:
         # SGLang applies its penalizers in the order of a set of classes, so a
         # scaling penalty beside the additive ones has no fixed distribution.
-        raise ValueError("repetition_penalty is not modelled")
+        raise ValueError("repetition_penalty beside frequency / presence penalties is not modelled")
     depth = sampling["max_new_tokens"]
     prompt = model(torch.tensor([prompt_ids]), use_cache=True)
     first = _next_probs(prompt.logits[:, -1], torch.empty(1, 0, dtype=torch.int64), sampling)[0]

@@ -17,6 +17,7 @@ from sampling_power import (  # noqa: E402
     load_target,
     penalized,
     sampled_features,
+    scaled,
     simulated_power,
 )
 
@@ -53,37 +54,73 @@ def tiny():
     return model, tok("one two three", add_special_tokens=False)["input_ids"], stops
 
 
-def test_continuation_distribution_equals_brute_force(tiny):
-    """The shared-cache enumeration against a full forward per path, to depth 3,
-    with min_p and penalties counted by hand along each path."""
-    model, ids, stops = tiny
-    kw = dict(temperature=0.7, top_k=4, top_p=0.9, min_p=0.1)
-    # Negative penalties lift the tokens already drawn into the random target's
-    # top 4, where they change the distribution (positive ones only push out
-    # tokens that top-k would have cut anyway).
-    sampling = {**kw, "max_new_tokens": 3, "frequency_penalty": -2.0, "presence_penalty": -1.5}
-    paths, mass = continuation_distribution(model, ids, stops, sampling, chunk=5)
-    assert torch.isclose(mass.sum(), torch.tensor(1.0, dtype=torch.float64))
-    got = dict(zip(map(tuple, paths.tolist()), mass.tolist()))
+def _brute_force(model, ids, stops, kw, penalize, depth=3):
+    """Every continuation's probability by a full forward per path, with
+    penalize(logits [1, V], path) applied by hand."""
     with torch.no_grad():
         frontier = {(): 1.0}
-        for step in range(3):
+        for step in range(depth):
             nxt = {}
             for path, m in frontier.items():
                 logits = model(torch.tensor([ids + list(path)])).logits[:, -1].clone()
-                for t in set(path):
-                    logits[0, t] += 2.0 * path.count(t) + 1.5
-                probs = filtered_probs(logits, **kw)[0]
+                probs = filtered_probs(penalize(logits, path), **kw)[0]
                 for t in probs.nonzero().flatten().tolist():
-                    if t in stops and step < 2:
+                    if t in stops and step < depth - 1:
                         continue
                     nxt[path + (t,)] = m * probs[t].item()
             frontier = nxt
     total = sum(frontier.values())
-    want = {p: m / total for p, m in frontier.items()}
+    return {p: m / total for p, m in frontier.items()}
+
+
+def _additive(logits, path):
+    for t in set(path):
+        logits[0, t] += 2.0 * path.count(t) + 1.5
+    return logits
+
+
+def _scaling(logits, path):
+    for t in set(path):
+        logits[0, t] = logits[0, t] * 0.4 if logits[0, t] < 0 else logits[0, t] / 0.4
+    return logits
+
+
+# Penalties that favour repeats lift the tokens already drawn into the random
+# target's top 4, where they change the distribution (ones against repeats
+# only push out tokens that top-k would have cut anyway).
+@pytest.mark.parametrize("penalties, penalize", [
+    ({"frequency_penalty": -2.0, "presence_penalty": -1.5}, _additive),
+    ({"repetition_penalty": 0.4}, _scaling),
+], ids=["additive", "repetition"])
+def test_continuation_distribution_equals_brute_force(tiny, penalties, penalize):
+    """The shared-cache enumeration against a full forward per path, to depth 3,
+    with min_p and penalties counted by hand along each path."""
+    model, ids, stops = tiny
+    kw = dict(temperature=0.7, top_k=4, top_p=0.9, min_p=0.1)
+    paths, mass = continuation_distribution(model, ids, stops, {**kw, "max_new_tokens": 3, **penalties}, chunk=5)
+    assert torch.isclose(mass.sum(), torch.tensor(1.0, dtype=torch.float64))
+    got = dict(zip(map(tuple, paths.tolist()), mass.tolist()))
+    want = _brute_force(model, ids, stops, kw, penalize)
     assert got.keys() == want.keys()
     assert any(len(set(path)) < len(path) for path in want)  # the penalties made repeats possible
     assert max(abs(got[k] - want[k]) for k in want) < 1e-6
+    plain = _brute_force(model, ids, stops, kw, lambda logits, path: logits)
+    assert max(abs(plain.get(k, 0.0) - want[k]) for k in want) > 1e-3  # and they matter
+
+
+def test_repetition_beside_additive_penalties_is_refused(tiny):
+    model, ids, stops = tiny
+    sampling = {"max_new_tokens": 2, "temperature": 1.0, "top_k": 4, "top_p": 1.0,
+                "repetition_penalty": 1.2, "frequency_penalty": 0.5}
+    with pytest.raises(ValueError, match="not modelled"):
+        continuation_distribution(model, ids, stops, sampling)
+
+
+def test_scaling_penalty_divides_positive_and_multiplies_negative_logits():
+    logits = torch.tensor([[2.0, -2.0, 1.0], [2.0, -2.0, 1.0]])
+    got = scaled(logits, torch.tensor([[0, 1], [2, 2]]), repetition=2.0)
+    assert got.tolist() == [[1.0, -4.0, 1.0], [2.0, -2.0, 0.5]]
+    assert scaled(logits, torch.tensor([[0, 1]])[:, :0], 2.0) is logits
 
 
 def test_homogeneity_p_separates_equal_from_different_samples():

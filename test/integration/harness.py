@@ -140,6 +140,17 @@ def run_engines(jobs: list[Job], timeout: int = 2400) -> list:
         return results
 
 
+def run_together(calls: dict, workers: int = 2) -> dict:
+    """{key: call()} for zero-argument calls run `workers` at a time: for
+    launches that fail during start-up, which mostly import (about one core
+    each), so two together take about the time of one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(workers) as pool:
+        futures = {key: pool.submit(call) for key, call in calls.items()}
+        return {key: future.result() for key, future in futures.items()}
+
+
 def _expect_line(proc, want: str, deadline: float, err: str):
     """Wait for the line `want` on proc's stdout (engine_run's start-up handshake)."""
     import select

@@ -1,27 +1,24 @@
 """Subprocess body of test_model_class.py (SGLang must be imported after the
-CPU runtime is set up): load a drafter checkpoint through SGLang's own
-ModelRegistry and model loader interface, compare with `load_drafter`, print JSON."""
+CPU runtime is set up): load each drafter checkpoint through SGLang's own
+ModelRegistry and model loader interface, compare with `load_drafter`, print
+one JSON line {drafter dir: result}.
+
+    python model_class_check.py DRAFTER TARGET [DRAFTER TARGET ...]
+"""
 
 import json
 import os
 import sys
 
 
-def main():
-    from sglang_dflash import cpu_runtime
-
-    if not cpu_runtime.cuda_available():
-        cpu_runtime.activate()
+def check(drafter_dir, target_dir) -> dict:
     import torch
     from safetensors.torch import load_file
     from sglang.srt.models.registry import ModelRegistry
     from transformers import AutoConfig
 
-    from sglang_dflash.adapter.plugin import register_model_classes
     from sglang_dflash.checkpoint import load_drafter
 
-    drafter_dir, target_dir = sys.argv[1], sys.argv[2]
-    register_model_classes()
     hf = AutoConfig.from_pretrained(drafter_dir)
     cls, arch = ModelRegistry.resolve_model_cls(hf.architectures)
     model = cls(hf)
@@ -30,8 +27,7 @@ def main():
     try:
         model.load_weights(iter(weights.items()))
     except ValueError as exc:
-        print(json.dumps({**out, "error": str(exc)}))
-        return
+        return {**out, "error": str(exc)}
     tcfg = json.load(open(os.path.join(target_dir, "config.json")))
     ref = load_drafter(drafter_dir, target_hidden_size=tcfg["hidden_size"],
                        target_vocab_size=tcfg["vocab_size"],
@@ -47,7 +43,19 @@ def main():
     with torch.no_grad():
         a = model.eval()(embeds, positions, ctx_k, ctx_v, valid)
         b = ref.forward_block(embeds, positions, ctx_k, ctx_v, valid)
-    print(json.dumps({**out, "identical": bool(torch.equal(a, b)), "version": cfg.version}))
+    return {**out, "identical": bool(torch.equal(a, b)), "version": cfg.version}
+
+
+def main():
+    from sglang_dflash import cpu_runtime
+
+    if not cpu_runtime.cuda_available():
+        cpu_runtime.activate()
+    from sglang_dflash.adapter.plugin import register_model_classes
+
+    register_model_classes()
+    pairs = sys.argv[1:]
+    print(json.dumps({drafter: check(drafter, target) for drafter, target in zip(pairs[::2], pairs[1::2])}))
 
 
 if __name__ == "__main__":

@@ -7,16 +7,15 @@ position) on the device (randomness.py, unit-tested for batch independence)."""
 
 import pytest
 
-from harness import chat_prompts, dflash_args, run_engine
+from harness import Job, chat_prompts, dflash_args, run_engines
 
 BUDGET = 1  # the longest context's length, read once to size the drafter's context gather
+CASES = [('{"mode": "on"}', "dflash2-random"), ('{"mode": "adaptive"}', "drafter-trained")]
 
 
-@pytest.mark.parametrize("policy, drafter", [('{"mode": "on"}', "dflash2-random"),
-                                             ('{"mode": "adaptive"}', "drafter-trained")])
-def test_decode_step_reads_the_host_at_most_once(monkeypatch, policy, drafter):
-    monkeypatch.setenv("SGLANG_DFLASH_CHECK_SYNCS", "1")
-    monkeypatch.setenv("SGLANG_DFLASH_POLICY", policy)
+@pytest.fixture(scope="module")
+def engines():
+    """Each case's runs and dflash state, the engines started together."""
     prompts = chat_prompts(6)
     runs = [
         {"name": "greedy", "prompts": prompts, "batch_size": 3,
@@ -26,7 +25,14 @@ def test_decode_step_reads_the_host_at_most_once(monkeypatch, policy, drafter):
         {"name": "seeded", "prompts": prompts[:3], "batch_size": 3,
          "sampling_params": {"max_new_tokens": 24, "ignore_eos": True, "temperature": 1.0, "sampling_seed": 7}},
     ]
-    out, state = run_engine(dflash_args(drafter), runs, with_state=True)
+    jobs = [Job(dflash_args(drafter), runs, True, {"SGLANG_DFLASH_CHECK_SYNCS": "1", "SGLANG_DFLASH_POLICY": policy})
+            for policy, drafter in CASES]
+    return dict(zip(CASES, run_engines(jobs)))
+
+
+@pytest.mark.parametrize("policy, drafter", CASES)
+def test_decode_step_reads_the_host_at_most_once(engines, policy, drafter):
+    out, state = engines[policy, drafter]
     syncs = state["host_syncs"]
     assert syncs["decode_steps"] > 20, syncs
     assert syncs["max_per_step"] <= BUDGET, syncs

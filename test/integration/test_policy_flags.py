@@ -11,7 +11,7 @@ import sys
 import pytest
 import requests
 
-from harness import PATHS, TARGET, Server, free_port
+from harness import PATHS, TARGET, Server, free_port, run_together
 from sglang_dflash import cpu_runtime
 
 
@@ -34,26 +34,36 @@ def _config(tmp_path, data):
     return str(path)
 
 
-@pytest.mark.parametrize("extra_config, adaptive, env, needle", [
-    ({"mode": "adaptive", "swich_margin": 0.1}, False, None, "unknown config key(s) ['swich_margin']"),
-    ({"switch_patience": 0}, False, None, "switch_patience = 0"),
-    ({"mode": "on"}, True, None, "--speculative-adaptive contradicts the policy's mode = 'on'"),
-    ({"mode": "on"}, False, '{"mode": "off"}', "both --speculative-adaptive-config and SGLANG_DFLASH_POLICY"),
-])
-def test_bad_policy_fails_startup_naming_the_problem(tmp_path, extra_config, adaptive, env, needle):
-    extra = ["--speculative-adaptive-config", _config(tmp_path, extra_config)]
-    if adaptive:
-        extra.append("--speculative-adaptive")
-    proc = _launch(extra, env_policy=env)
+# name -> (policy file, --speculative-adaptive, SGLANG_DFLASH_POLICY, what the error must say)
+BAD = {
+    "unknown key": ({"mode": "adaptive", "swich_margin": 0.1}, False, None, "unknown config key(s) ['swich_margin']"),
+    "bad value": ({"switch_patience": 0}, False, None, "switch_patience = 0"),
+    "flag contradicts mode": ({"mode": "on"}, True, None,
+                              "--speculative-adaptive contradicts the policy's mode = 'on'"),
+    "file and alias": ({"mode": "on"}, False, '{"mode": "off"}',
+                       "both --speculative-adaptive-config and SGLANG_DFLASH_POLICY"),
+    "bad alias": (None, False, '{"mode": "sometimes"}', "SGLANG_DFLASH_POLICY: speculation policy: mode = 'sometimes'"),
+}
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    """Every bad setting's launch (run_together: two at a time), by name."""
+    calls = {}
+    for name, (config, adaptive, env, _) in BAD.items():
+        extra = ["--speculative-adaptive"] if adaptive else []
+        if config is not None:
+            extra += ["--speculative-adaptive-config", _config(tmp_path_factory.mktemp("p"), config)]
+        calls[name] = lambda extra=extra, env=env: _launch(extra, env_policy=env)
+    return run_together(calls)
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_policy_fails_startup_naming_the_problem(launches, name):
+    proc, needle = launches[name], BAD[name][3]
     assert proc.returncode != 0
     output = proc.stdout + proc.stderr
     assert needle in output, output[-3000:]
-
-
-def test_bad_alias_fails_startup():
-    proc = _launch([], env_policy='{"mode": "sometimes"}')
-    assert proc.returncode != 0
-    assert "SGLANG_DFLASH_POLICY: speculation policy: mode = 'sometimes'" in proc.stdout + proc.stderr
 
 
 def test_config_file_reaches_the_worker_and_metrics_count_verified_drafts(tmp_path, monkeypatch):

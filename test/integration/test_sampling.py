@@ -34,7 +34,10 @@ the same way at N_FILTERED: the penalties of a draft row count the drafts
 before it in the block, and min_p cuts p before the accept test. The oracle
 is plain decoding without the overlap scheduler (with it, SGLang's penalties
 skip a token). Power there: against temperature 1.0, against the penalties
-dropped and against min_p dropped.
+dropped and against min_p dropped. The same engines sample once more with the
+repetition penalty alone (`REPETITION`, 0.5: a drawn token's logit halved if
+negative, doubled if positive), power against it dropped; beside the additive
+penalties plain SGLang applies the two in no fixed order, so no exact model.
 """
 
 import json
@@ -44,7 +47,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from harness import Job, run_engines
-from sampling_power import (FILTERED, P_MIN, SAMPLING, exact_distributions, feature_probs, min_fit_p, min_p,
+from sampling_power import (FILTERED, P_MIN, REPETITION, SAMPLING, exact_distributions, feature_probs, min_fit_p, min_p,
                             sampled_features, sampling_prompt, simulated_power)
 
 # Several minutes on a 2-core host (six engines of N or N_FILTERED four-token
@@ -56,7 +59,10 @@ pytestmark = pytest.mark.skipif(
 # At 5 000 the simulated power against T = 1.0 is about 1 (0.96 at 3 000);
 # the power test below fails an N that lacks it.
 N = int(os.environ.get("SGLANG_DFLASH_SAMPLING_N", "5000"))
-N_FILTERED = 3000  # simulated power about 1 against each alternative (also at 2 000)
+N_FILTERED = 2000  # simulated power about 1 against each alternative
+# The penalized settings, each run on the FILTERED engines: min_p with the
+# additive penalties, and the repetition (scaling) penalty alone.
+PENALIZED = {"penalties": FILTERED, "repetition": REPETITION}
 ENGINE = dict(max_running_requests=256, max_total_tokens=65536, random_seed=1)
 V2_ONLY = ("conv", "selector")  # DFlash 2 tensor names a v1 checkpoint lacks
 # A block of 4 (anchor + 3 drafts) covers the 3 tokens after the prefill's;
@@ -88,7 +94,8 @@ def engines(demo):
     test_request_features.py: with it, plain SGLang's penalties never count the
     first decode step's token (its samples fit the exact distribution only with
     token 2 left out)."""
-    text, filtered_runs = demo["text"], _runs(demo["text"], N_FILTERED, FILTERED)
+    text = demo["text"]
+    filtered_runs = [run for name, sampling in PENALIZED.items() for run in _runs(text, N_FILTERED, sampling, name)]
     jobs = {
         "plain": Job(demo["engine"], _runs(text), True),
         "dflash2": Job(_dflash(demo, demo["dflash2"]), _runs(text), True),
@@ -102,14 +109,21 @@ def engines(demo):
 
 @pytest.fixture(scope="module")
 def filtered(demo, engines):
-    """FILTERED's exact distribution, three alternatives to it, and plain decoding's samples."""
+    """Per PENALIZED setting: its exact distribution, the alternatives to it
+    the test must reject, and plain decoding's samples."""
     no_penalties = {k: v for k, v in FILTERED.items() if not k.endswith("_penalty")}
     no_min_p = {k: v for k, v in FILTERED.items() if k != "min_p"}
-    exact, *alternatives = exact_distributions(demo["engine"]["model_path"], demo["text"], FILTERED,
-                                               {**FILTERED, "temperature": 1.0}, no_penalties, no_min_p)
-    return {"exact": exact, "probs": feature_probs(exact),
-            "alternatives": dict(zip(("temperature 1.0", "no penalties", "no min_p"), alternatives)),
-            "plain": sampled_features(_samples(engines["filtered plain"][0], N_FILTERED))}
+    alternatives = {"penalties": {"temperature 1.0": {**FILTERED, "temperature": 1.0},
+                                  "no penalties": no_penalties, "no min_p": no_min_p},
+                    "repetition": {"no repetition penalty": SAMPLING}}
+    out = {}
+    for name, sampling in PENALIZED.items():
+        exact, *others = exact_distributions(demo["engine"]["model_path"], demo["text"], sampling,
+                                             *alternatives[name].values())
+        out[name] = {"exact": exact, "probs": feature_probs(exact),
+                     "alternatives": dict(zip(alternatives[name], others)),
+                     "plain": sampled_features(_samples(engines["filtered plain"][0], N_FILTERED, name))}
+    return out
 
 
 def _v1_from_v2(drafter: str, out) -> str:
@@ -126,12 +140,12 @@ def _v1_from_v2(drafter: str, out) -> str:
     return str(out)
 
 
-def _runs(text, n=N, sampling=SAMPLING):
-    return [{"name": "s", "prompts": [text] * n, "batch_size": n, "sampling_params": sampling}]
+def _runs(text, n=N, sampling=SAMPLING, name="s"):
+    return [{"name": name, "prompts": [text] * n, "batch_size": n, "sampling_params": sampling}]
 
 
-def _samples(run, n):
-    outputs = [r["output_ids"] for r in run["s"]["results"]]
+def _samples(run, n, name="s"):
+    outputs = [r["output_ids"] for r in run[name]["results"]]
     assert sum(len(o) >= 4 for o in outputs) > 0.95 * n
     return outputs
 
@@ -141,9 +155,9 @@ def _dflash(demo, drafter):
             "speculative_num_draft_tokens": BLOCK}
 
 
-def _mean_accept(run):
+def _mean_accept(run, name="s"):
     """Over the sampled requests (a request whose first token stops it never verifies)."""
-    lengths = [r["meta_info"]["spec_accept_length"] for r in run["s"]["results"] if len(r["output_ids"]) >= 4]
+    lengths = [r["meta_info"]["spec_accept_length"] for r in run[name]["results"] if len(r["output_ids"]) >= 4]
     return sum(lengths) / len(lengths)
 
 
@@ -173,22 +187,25 @@ def test_sampled_distribution_matches_plain(demo, engines, path):
     assert _mean_accept(spec) > 1.2, f"{path}: drafts too rarely accepted to test sampling"
 
 
-def test_filtered_test_has_power(filtered):
+@pytest.mark.parametrize("setting", list(PENALIZED))
+def test_filtered_test_has_power(filtered, setting):
     """At N_FILTERED the homogeneity test rejects each alternative in >= 95% of
-    simulated runs, and plain decoding with FILTERED fits its exact distribution
-    (the penalties and min_p are modelled as SGLang applies them)."""
-    for name, alternative in filtered["alternatives"].items():
-        power = simulated_power(filtered["exact"], alternative, N_FILTERED, reps=40)
+    simulated runs, and plain decoding fits the exact distribution (the
+    penalties and min_p are modelled as SGLang applies them)."""
+    case = filtered[setting]
+    for name, alternative in case["alternatives"].items():
+        power = simulated_power(case["exact"], alternative, N_FILTERED, reps=40)
         assert power >= 0.95, f"at N = {N_FILTERED} the test rejects {name} in only {power:.0%} of runs"
-    key, p = min_fit_p(filtered["plain"], filtered["probs"])
-    assert p >= P_MIN, f"plain samples with min_p and penalties do not fit: {key} p = {p:.2e}"
+    key, p = min_fit_p(case["plain"], case["probs"])
+    assert p >= P_MIN, f"plain samples with {setting} do not fit: {key} p = {p:.2e}"
 
 
-def test_sampled_with_min_p_and_penalties_matches_plain(engines, filtered):
-    spec = engines["filtered dflash2"][0]
-    got = sampled_features(_samples(spec, N_FILTERED))
-    key, p = min_p(filtered["plain"], got)
-    assert p >= P_MIN, f"{key} differs from plain sampling with min_p and penalties (p = {p:.2e})"
-    key, p = min_fit_p(got, filtered["probs"])
-    assert p >= P_MIN, f"{key} does not fit the exact distribution with min_p and penalties (p = {p:.2e})"
-    assert _mean_accept(spec) > 1.2, "drafts too rarely accepted to test sampling"
+@pytest.mark.parametrize("setting", list(PENALIZED))
+def test_sampled_with_penalties_matches_plain(engines, filtered, setting):
+    spec, case = engines["filtered dflash2"][0], filtered[setting]
+    got = sampled_features(_samples(spec, N_FILTERED, setting))
+    key, p = min_p(case["plain"], got)
+    assert p >= P_MIN, f"{key} differs from plain sampling with {setting} (p = {p:.2e})"
+    key, p = min_fit_p(got, case["probs"])
+    assert p >= P_MIN, f"{key} does not fit the exact distribution with {setting} (p = {p:.2e})"
+    assert _mean_accept(spec, setting) > 1.2, "drafts too rarely accepted to test sampling"

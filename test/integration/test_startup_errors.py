@@ -12,7 +12,7 @@ import sys
 import pytest
 from safetensors.torch import load_file, save_file
 
-from harness import PATHS, TARGET, free_port
+from harness import PATHS, TARGET, free_port, run_together
 from sglang_dflash import cpu_runtime
 
 
@@ -61,26 +61,45 @@ CASES = {
 }
 
 
+STATE_SPACE = "state_space_target"
+
+
+def _state_space_target(tmp_path) -> str:
+    """The tiny target declaring Jamba-style `attn_layer_indices` (layers 0 and 2 state-space)."""
+    target = tmp_path / "target"
+    shutil.copytree(TARGET, target)
+    cfg = json.loads((target / "config.json").read_text())
+    cfg["attn_layer_indices"] = [1, 3]
+    (target / "config.json").write_text(json.dumps(cfg))
+    return str(target)
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    """Every case's launch (run_together: two at a time), by case name."""
+    calls = {}
+    for case, (kwargs, _) in CASES.items():
+        drafter = _broken_copy(tmp_path_factory.mktemp(case), **kwargs)
+        calls[case] = lambda drafter=drafter: _launch(drafter)
+    target = _state_space_target(tmp_path_factory.mktemp(STATE_SPACE))
+    calls[STATE_SPACE] = lambda: _launch(PATHS["drafter-random"], target=target)
+    return run_together(calls)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_broken_drafter_fails_startup(tmp_path, case):
-    kwargs, needle = CASES[case]
-    proc = _launch(_broken_copy(tmp_path, **kwargs))
+def test_broken_drafter_fails_startup(launches, case):
+    proc, needle = launches[case], CASES[case][1]
     assert proc.returncode != 0
     output = proc.stdout + proc.stderr
     assert "invalid DFlash drafter" in output or "drafter config" in output, output[-3000:]
     assert needle in output, output[-3000:]
 
 
-def test_state_space_target_is_refused_naming_the_reason(tmp_path):
+def test_state_space_target_is_refused_naming_the_reason(launches):
     """A target declaring state-space layers the worker cannot commit (here
     Jamba-style `attn_layer_indices`): start-up stops with the reason instead
     of serving."""
-    target = tmp_path / "target"
-    shutil.copytree(TARGET, target)
-    cfg = json.loads((target / "config.json").read_text())
-    cfg["attn_layer_indices"] = [1, 3]
-    (target / "config.json").write_text(json.dumps(cfg))
-    proc = _launch(PATHS["drafter-random"], target=str(target))
+    proc = launches[STATE_SPACE]
     assert proc.returncode != 0
     output = proc.stdout + proc.stderr
     assert "cannot serve the target" in output and "attn_layer_indices" in output, output[-3000:]
