@@ -1,5 +1,6 @@
 """Targets this worker can serve: attention decoder stacks (full and
-sliding-window layers) and the Gated DeltaNet hybrids (Qwen3.5, Qwen3-Next).
+sliding-window layers), the Gated DeltaNet hybrids (Qwen3.5, Qwen3-Next) and
+the short-convolution hybrids (LFM2).
 
 The worker indexes the drafter's context by the target's full-pool KV slot ids.
 A hybrid sliding-window target (SGLang's `SWAKVPool`: Laguna, gpt-oss, Gemma 4,
@@ -10,8 +11,9 @@ sliding layer through the translation (`adapter/attention.py`). A GDN hybrid
 keeps the full-attention pool for its full-attention layers and a per-request
 recurrent state for its linear ones, which a verify leaves untouched (SGLang's
 GDN verify keeps the state after each position) and the worker commits at the
-accepted position (`adapter/linear_state.py`). Other state-space hybrids (Mamba,
-Jamba, ...) are refused at start-up with the reason rather than served with
+accepted position (`adapter/linear_state.py`); an LFM2 conv layer keeps a conv
+window only, committed the same way. Other state-space hybrids (Mamba, Jamba,
+Nemotron-H, ...) are refused at start-up with the reason rather than served with
 wrong output. Whether the target's model class can hand the drafter its layers
 is SGLang's to say (`set_dflash_layers_to_capture`), checked when it loads.
 """
@@ -28,6 +30,10 @@ _HYBRID_TYPES = ("mamba", "jamba", "zamba", "falcon_h1", "nemotron_h", "qwen3_ne
 # GDN hybrids SGLang serves under DFLASH (their models capture the drafter's layers).
 GDN_HYBRID_TYPES = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next")
 _GDN_LAYER_TYPES = {"full_attention", "linear_attention"}
+# Short-convolution hybrids SGLang serves under DFLASH: each conv layer keeps a
+# per-request conv window in the same state pool, committed the same way.
+SHORT_CONV_HYBRID_TYPES = ("lfm2", "lfm2_moe")
+_SHORT_CONV_LAYER_TYPES = {"full_attention", "conv"}
 _ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}
 
 
@@ -46,6 +52,11 @@ def unsupported_target_reason(config: Mapping[str, Any]) -> str | None:
         if config.get("full_attention_interval") is None:
             return ("its config has no full_attention_interval (SGLang places the hybrid's "
                     "full-attention layers by it)")
+        return None
+    if model_type in SHORT_CONV_HYBRID_TYPES:
+        other = sorted({str(t) for t in config.get("layer_types") or ()} - _SHORT_CONV_LAYER_TYPES)
+        if other:
+            return f"layer_types has {other} layers (a short-conv hybrid has full attention and conv only)"
         return None
     if any(t in model_type for t in _HYBRID_TYPES):
         return f"model_type {model_type!r} has linear-attention / state-space layers"

@@ -1,4 +1,5 @@
-"""Gated DeltaNet hybrid targets (Qwen3.5, Qwen3.5 MoE, Qwen3-Next) under DFLASH on the CPU engine.
+"""Hybrid targets under DFLASH on the CPU engine: Gated DeltaNet (Qwen3.5,
+Qwen3.5 MoE, Qwen3-Next) and short convolution (LFM2).
 
 The tiny hybrid pairs (`tools/tiny_hybrid.py`): layers 0 and 2 linear attention,
 1 and 3 full attention, a dense FFN or a sparse MoE block with a gated shared
@@ -13,6 +14,9 @@ adaptive (the default: the width changes between steps, W = 0 included); on
 the MoE and Qwen3-Next pairs (the latter SGLang's other
 GDN model class, made to build and run on a CPU by our hooks) always on: the
 other widths share their code with the Qwen3.5 pair's, which neither touches.
+The LFM2 pair has gated short convolutions where the others have linear
+attention (a conv window per request, no recurrent state), SGLang's other
+state-pool layout; always on and adaptive.
 """
 
 import pytest
@@ -37,7 +41,8 @@ POLICIES = {"on": '{"mode": "on"}', "off": '{"mode": "off"}', "adaptive": '{"mod
 # name -> (target, drafter, policies, batch sizes)
 TARGETS = {"dense": ("hybrid-target", "hybrid-drafter-trained", list(POLICIES), BATCH_SIZES),
            "moe": ("hybrid-moe-target", "hybrid-moe-drafter-trained", ["on"], (4,)),
-           "next": ("hybrid-next-target", "hybrid-next-drafter-trained", ["on"], (4,))}
+           "next": ("hybrid-next-target", "hybrid-next-drafter-trained", ["on"], (4,)),
+           "lfm2": ("lfm2-target", "lfm2-drafter-trained", ["on", "adaptive"], (4,))}
 CASES = [(target, policy) for target, (_, _, policies, _) in TARGETS.items() for policy in policies]
 
 

@@ -32,7 +32,15 @@ def test_gdn_hybrids_are_served(model_type):
     assert unsupported_target_reason(config) is None
 
 
+@pytest.mark.parametrize("model_type", ["lfm2", "lfm2_moe"])
+def test_short_conv_hybrids_are_served(model_type):
+    """LFM2's conv windows live in the same state pool, committed the same way."""
+    config = {"model_type": model_type, "layer_types": ["conv", "full_attention", "conv", "full_attention"]}
+    assert unsupported_target_reason(config) is None
+
+
 @pytest.mark.parametrize("config, needle", [
+    ({"model_type": "lfm2", "layer_types": ["conv", "linear_attention"]}, "linear_attention"),
     ({"model_type": "qwen3_next"}, "full_attention_interval"),
     ({"model_type": "qwen3_5_text", "full_attention_interval": 2,
       "layer_types": ["linear_attention", "sliding_attention"]}, "sliding_attention"),

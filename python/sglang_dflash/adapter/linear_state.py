@@ -1,11 +1,11 @@
-"""Hybrid targets (Gated DeltaNet layers): commit the accepted position's
-linear-attention state after a verify.
+"""Hybrid targets (Gated DeltaNet or short-convolution layers): commit the
+accepted position's linear-attention state after a verify.
 
 A full-attention layer keeps every verified row's K/V in the pool; a rejected
 row's slot is simply overwritten later. A linear-attention layer instead keeps
-one recurrent state and one conv window per request. SGLang's GDN verify runs
-the block without updating them and keeps the state after each position in the
-pool's speculative buffers (row = the request's batch position, step = the
+one recurrent state and one conv window per request (an LFM2 conv layer: the
+window only). SGLang's GDN and short-conv verifies keep the state after each
+position in the pool's speculative buffers (row = the request's batch position, step = the
 verify position); after acceptance the state after the last committed position
 (commit_len - 1: the anchor is always committed) becomes the request's state.
 A W = 0 step is a plain DECODE forward, which updates the state itself.
@@ -68,7 +68,8 @@ def commit_accepted_state(model_runner, commit_lens: torch.Tensor, track=None, r
     bs = last_step.shape[0]
     slots = backend.linear_attn_backend.forward_metadata.mamba_cache_indices[:bs].to(torch.int64)
     caches = model_runner.req_to_token_pool.get_speculative_mamba2_params_all_layers()
-    copy_accepted(caches.temporal, caches.intermediate_ssm, slots, last_step)
+    if caches.temporal.numel():  # a short-conv hybrid (LFM2) keeps conv windows only
+        copy_accepted(caches.temporal, caches.intermediate_ssm, slots, last_step)
     for conv, windows in zip(caches.conv, caches.intermediate_conv_window):
         copy_accepted(conv, windows, slots, last_step)
 

@@ -148,6 +148,9 @@ def register() -> None:
                           HookType.AROUND)
     HookRegistry.register(cpu_gdn.NEXT_GDN_INIT_TARGET, cpu_gdn.cpu_device_module_without_gpu,
                           HookType.AROUND)
+    from sglang_dflash.adapter import cpu_short_conv
+
+    cpu_short_conv.register(HookRegistry, HookType)
     from sglang_dflash.adapter import cpu_moe
 
     HookRegistry.register(cpu_moe.GATE_TARGET, cpu_moe.torch_shared_gate_on_cpu, HookType.AROUND)

@@ -22,7 +22,10 @@ With `--kind moe`, `hybrid-moe-target/` and `hybrid-moe-drafter-trained/` instea
 (qwen3_5_moe_text), each layer's FFN a sparse block of 4 experts of 64 (top 2,
 renormalized) plus a sigmoid-gated shared expert of 64. With `--kind next`,
 `hybrid-next-*` (`HYBRID_NEXT.md`): that MoE layout as a `Qwen3NextForCausalLM`
-(qwen3_next: fused input projections, its own weight layout).
+(qwen3_next: fused input projections, its own weight layout). With `--kind lfm2`,
+`lfm2-*` (`LFM2.md`): a short-convolution hybrid, a random HF `Lfm2ForCausalLM`
+(model_type lfm2) of the same sizes, layers 0 and 2 gated short convolutions
+(window 3), 1 and 3 full attention, FFN 128.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+
+import torch
 
 from ..checkpoint import save_drafter
 from . import tiny_models as tiny
@@ -45,11 +50,50 @@ KINDS = {
     "dense": ("hybrid", "Qwen3_5", {}, "FFN 128"),
     "moe": ("hybrid-moe", "Qwen3_5Moe", MOE_DIMS, MOE_FFN),
     "next": ("hybrid-next", "Qwen3Next", MOE_DIMS, MOE_FFN),
+    "lfm2": ("lfm2", "Lfm2", {}, "FFN 128"),
 }
+CONV_WINDOW = 3  # LFM2's conv_L_cache: the conv looks at the token and the two before
+# Weight scales of the conv layers. At the default init (std 0.02) their output
+# (three products of small weights) is too small to change a greedy token, so a
+# wrong conv window would go unseen. At these, dropping the window (the two
+# inputs before the token) changes about one greedy choice in ten: a wrong
+# window shows within a few dozen tokens, and the chains stay bigram-like
+# enough for a small drafter to learn (at ten in ten it learns nothing).
+CONV_STDS = {"in_proj": 0.05, "conv": 0.3, "out_proj": 0.02}
+
+
+def build_short_conv_target(tokenizer, seed: int):
+    """The LFM2 layout: conv where the GDN pairs have linear attention."""
+    from transformers import Lfm2Config, Lfm2ForCausalLM
+
+    eos, pad = tiny.special_ids(tokenizer)
+    dims = tiny.TARGET_DIMS
+    kinds = ["full_attention" if (i + 1) % FULL_ATTENTION_INTERVAL == 0 else "conv"
+             for i in range(dims["num_hidden_layers"])]
+    config = Lfm2Config(
+        vocab_size=len(tokenizer), hidden_size=dims["hidden_size"],
+        intermediate_size=dims["intermediate_size"], block_auto_adjust_ff_dim=False,
+        num_hidden_layers=dims["num_hidden_layers"], num_attention_heads=dims["num_attention_heads"],
+        num_key_value_heads=dims["num_key_value_heads"],
+        max_position_embeddings=dims["max_position_embeddings"], norm_eps=dims["rms_norm_eps"],
+        conv_L_cache=CONV_WINDOW, conv_bias=False, layer_types=kinds,
+        full_attn_idxs=[i for i, k in enumerate(kinds) if k == "full_attention"],
+        rope_theta=tiny.ROPE_THETA, tie_word_embeddings=False, bos_token_id=None,
+        eos_token_id=eos, pad_token_id=pad)
+    model = tiny.random_target(Lfm2ForCausalLM, config, seed)
+    with torch.no_grad():
+        for i, kind in enumerate(kinds):
+            if kind == "conv":
+                for name, std in CONV_STDS.items():
+                    getattr(model.model.layers[i].conv, name).weight.normal_(0.0, std)
+    return model
 
 
 def build_hybrid_target(tokenizer, seed: int, kind: str = "dense"):
     import transformers
+
+    if kind == "lfm2":
+        return build_short_conv_target(tokenizer, seed)
 
     eos, pad = tiny.special_ids(tokenizer)
     layers = tiny.TARGET_DIMS["num_hidden_layers"]
@@ -68,6 +112,8 @@ def build_hybrid_target(tokenizer, seed: int, kind: str = "dense"):
 
 def save_hybrid_target(model, tokenizer, out: Path) -> None:
     tiny.save_target(model, tokenizer, out)
+    if model.config.model_type == "lfm2":  # SGLang places its layers by layer_types
+        return
     path = out / "config.json"
     config = json.loads(path.read_text())
     config["full_attention_interval"] = FULL_ATTENTION_INTERVAL
@@ -78,14 +124,18 @@ def write_hybrid_md(path: Path, info: dict, args, seconds: float) -> None:
     name, prefix, _, ffn = KINDS[args.kind]
     cls = f"{prefix}ForCausalLM ({info['model_type']})"
     flag = "" if args.kind == "dense" else f" --kind {args.kind}"
+    linear, attention = ((f"gated short convolutions (window {CONV_WINDOW})", "full attention")
+                         if args.kind == "lfm2" else ("Gated DeltaNet", "gated full attention"))
+    scales = ("; conv layers' weights std " + ", ".join(f"{k} {v}" for k, v in CONV_STDS.items())
+              if args.kind == "lfm2" else "")
     path.write_text(f"""# Tiny {name} test pair
 
 Built by `sglang_dflash.tools.tiny_hybrid{flag}` (float32, seed {args.seed};
 see its docstring), with the tokenizer of `target/`:
 
 * `{name}-target/`: random HF {cls}: H 64, 4 layers
-  (0 and 2 Gated DeltaNet, 1 and 3 gated full attention), {ffn}, vocab 1024,
-  untied head; embeddings std {tiny.EMBED_STD}, head std {tiny.HEAD_STD}.
+  (0 and 2 {linear}, 1 and 3 {attention}), {ffn}, vocab 1024,
+  untied head; embeddings std {tiny.EMBED_STD}, head std {tiny.HEAD_STD}{scales}.
 """ + tiny.trained_drafter_md(name, info, args, seconds))
 
 
@@ -94,7 +144,7 @@ def main(argv=None) -> None:
 
     parser = tiny.build_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--kind", choices=list(KINDS), default="dense",
-                        help="Qwen3.5 (dense FFN), Qwen3.5 MoE or Qwen3-Next (MoE)")
+                        help="Qwen3.5 (dense FFN), Qwen3.5 MoE, Qwen3-Next (MoE) or LFM2 (short conv)")
     args = parser.parse_args(argv)
     log = tiny.deterministic_build("tiny_hybrid")
     start = time.time()
