@@ -68,6 +68,13 @@ def sampled_features(outputs: list[list[int]]) -> dict[str, list]:
             "token4": [o[3] for o in outs], "pair23": [(o[1], o[2]) for o in outs]}
 
 
+def mean_accept(results: list[dict]) -> float:
+    """Mean spec_accept_length over the requests the features use (4+ tokens): a
+    request whose first token stops it never verifies."""
+    lengths = [r["meta_info"]["spec_accept_length"] for r in results if len(r["output_ids"]) >= 4]
+    return sum(lengths) / len(lengths)
+
+
 def homogeneity_p(a: list, b: list, min_count: int = 10) -> float:
     """Chi-square test of homogeneity of two samples of categories; the
     categories with fewer than `min_count` pooled observations are merged into

@@ -15,6 +15,7 @@ from sampling_power import (  # noqa: E402
     goodness_of_fit_p,
     homogeneity_p,
     load_target,
+    mean_accept,
     penalized,
     sampled_features,
     scaled,
@@ -138,6 +139,13 @@ def test_homogeneity_p_separates_equal_from_different_samples():
 def test_sampled_features_drop_short_outputs():
     f = sampled_features([[1, 2, 3, 4], [5, 6], [7, 8, 9, 10, 11]])
     assert f == {"token2": [2, 8], "token3": [3, 9], "token4": [4, 10], "pair23": [(2, 3), (8, 9)]}
+
+
+def test_mean_accept_over_the_requests_the_features_use():
+    results = [{"output_ids": [1, 2, 3, 4], "meta_info": {"spec_accept_length": 3.0}},
+               {"output_ids": [5], "meta_info": {"spec_accept_length": 0.0}},  # stopped at once
+               {"output_ids": [1, 2, 3, 4, 5], "meta_info": {"spec_accept_length": 2.0}}]
+    assert mean_accept(results) == 2.5
 
 
 def test_simulated_power_of_known_cases():

@@ -151,6 +151,23 @@ def run_together(calls: dict, workers: int = 2) -> dict:
         return {key: future.result() for key, future in futures.items()}
 
 
+def launch_to_failure(drafter: str, target: str = TARGET, extra=(), env=None) -> subprocess.CompletedProcess:
+    """`python -m sglang.launch_server` with DFLASH on this host (CPU flags where
+    there is no GPU), for a launch expected to stop during start-up: waits for
+    it to exit and returns it, its output captured. env: the environment
+    (default: this process's)."""
+    from sglang_dflash import cpu_runtime
+
+    env = dict(os.environ if env is None else env)
+    if not cpu_runtime.cuda_available():
+        env = cpu_runtime.cpu_env(env)
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", target,
+           "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drafter,
+           "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
+           "--port", str(free_port()), "--max-total-tokens", "4096", *extra]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
 def _expect_line(proc, want: str, deadline: float, err: str):
     """Wait for the line `want` on proc's stdout (engine_run's start-up handshake)."""
     import select

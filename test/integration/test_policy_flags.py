@@ -5,27 +5,18 @@ alias; a bad setting fails start-up naming the key."""
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import requests
 
-from harness import PATHS, TARGET, Server, free_port, run_together
-from sglang_dflash import cpu_runtime
+from harness import PATHS, Server, launch_to_failure, run_together
 
 
 def _launch(extra, env_policy=None):
     env = {k: v for k, v in os.environ.items() if k != "SGLANG_DFLASH_POLICY"}
     if env_policy is not None:
         env["SGLANG_DFLASH_POLICY"] = env_policy
-    if not cpu_runtime.cuda_available():
-        env = cpu_runtime.cpu_env(env)
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", TARGET,
-           "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path",
-           PATHS["drafter-random"], "--device", "cpu", "--attention-backend", "torch_native",
-           "--disable-cuda-graph", "--port", str(free_port()), "--max-total-tokens", "4096", *extra]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    return launch_to_failure(PATHS["drafter-random"], extra=extra, env=env)
 
 
 def _config(tmp_path, data):

@@ -47,8 +47,8 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from harness import Job, run_engines
-from sampling_power import (FILTERED, P_MIN, REPETITION, SAMPLING, exact_distributions, feature_probs, min_fit_p, min_p,
-                            sampled_features, sampling_prompt, simulated_power)
+from sampling_power import (FILTERED, P_MIN, REPETITION, SAMPLING, exact_distributions, feature_probs, mean_accept,
+                            min_fit_p, min_p, sampled_features, sampling_prompt, simulated_power)
 
 # Several minutes on a 2-core host (six engines of N or N_FILTERED four-token
 # requests); SGLANG_DFLASH_SKIP_SLOW_TESTS=1 skips it for a quick local run.
@@ -155,12 +155,6 @@ def _dflash(demo, drafter):
             "speculative_num_draft_tokens": BLOCK}
 
 
-def _mean_accept(run, name="s"):
-    """Over the sampled requests (a request whose first token stops it never verifies)."""
-    lengths = [r["meta_info"]["spec_accept_length"] for r in run[name]["results"] if len(r["output_ids"]) >= 4]
-    return sum(lengths) / len(lengths)
-
-
 def test_test_has_power(demo, engines):
     """Against temperature 1.0 the test at N rejects in >= 95% of simulated runs,
     and the exact distribution those runs draw from is the plain engine's."""
@@ -184,7 +178,7 @@ def test_sampled_distribution_matches_plain(demo, engines, path):
         return
     # Only 3 tokens follow the prefill's first, so a verify commits at most 3;
     # 1.0 would mean no draft accepted (the accept test and residual untested).
-    assert _mean_accept(spec) > 1.2, f"{path}: drafts too rarely accepted to test sampling"
+    assert mean_accept(spec["s"]["results"]) > 1.2, f"{path}: drafts too rarely accepted to test sampling"
 
 
 @pytest.mark.parametrize("setting", list(PENALIZED))
@@ -208,4 +202,4 @@ def test_sampled_with_penalties_matches_plain(engines, filtered, setting):
     assert p >= P_MIN, f"{key} differs from plain sampling with {setting} (p = {p:.2e})"
     key, p = min_fit_p(got, case["probs"])
     assert p >= P_MIN, f"{key} does not fit the exact distribution with {setting} (p = {p:.2e})"
-    assert _mean_accept(spec, setting) > 1.2, "drafts too rarely accepted to test sampling"
+    assert mean_accept(spec[setting]["results"]) > 1.2, "drafts too rarely accepted to test sampling"

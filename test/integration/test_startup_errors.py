@@ -4,16 +4,12 @@ with a message naming the problem (upstream would zero-fill and serve).
 Uses the plain documented CPU command (the `sglang-dflash cpu-env` exports)."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 from safetensors.torch import load_file, save_file
 
-from harness import PATHS, TARGET, free_port, run_together
-from sglang_dflash import cpu_runtime
+from harness import PATHS, TARGET, launch_to_failure, run_together
 
 
 def _broken_copy(tmp_path, edit_config=None, drop_weight=None, base="drafter-random"):
@@ -28,17 +24,6 @@ def _broken_copy(tmp_path, edit_config=None, drop_weight=None, base="drafter-ran
         del weights[drop_weight]
         save_file(weights, str(dst / "model.safetensors"))
     return str(dst)
-
-
-def _launch(drafter, target=TARGET):
-    env = os.environ.copy()
-    if not cpu_runtime.cuda_available():
-        env = cpu_runtime.cpu_env(env)
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", target,
-           "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drafter,
-           "--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
-           "--port", str(free_port()), "--max-total-tokens", "4096"]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
 CASES = {
@@ -80,9 +65,9 @@ def launches(tmp_path_factory):
     calls = {}
     for case, (kwargs, _) in CASES.items():
         drafter = _broken_copy(tmp_path_factory.mktemp(case), **kwargs)
-        calls[case] = lambda drafter=drafter: _launch(drafter)
+        calls[case] = lambda drafter=drafter: launch_to_failure(drafter)
     target = _state_space_target(tmp_path_factory.mktemp(STATE_SPACE))
-    calls[STATE_SPACE] = lambda: _launch(PATHS["drafter-random"], target=target)
+    calls[STATE_SPACE] = lambda: launch_to_failure(PATHS["drafter-random"], target=target)
     return run_together(calls)
 
 
