@@ -163,6 +163,20 @@ def _next_probs(logits: torch.Tensor, history: torch.Tensor, sampling: dict) -> 
 
 
 @torch.no_grad()
+def _path_logits(model, prompt, prompt_ids: list[int], ids: torch.Tensor) -> torch.Tensor:
+    """[n, V] next-token logits after the prompt and each path of ids [n, d]: over
+    copies of the prompt's KV cache, or, for a hybrid target whose linear-attention
+    cache transformers cannot replicate, over the whole sequence."""
+    cache = prompt.past_key_values
+    if all(hasattr(layer, "batch_repeat_interleave") for layer in getattr(cache, "layers", [])):
+        cache = copy.deepcopy(cache)
+        cache.batch_repeat_interleave(len(ids))
+        return model(ids, past_key_values=cache).logits[:, -1]
+    full = torch.cat([torch.tensor([prompt_ids]).expand(len(ids), -1), ids], dim=1)
+    return model(full).logits[:, -1]
+
+
+@torch.no_grad()
 def continuation_distribution(model, prompt_ids: list[int], stop_ids: set[int], sampling: dict,
                               chunk: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
     """Every continuation of the prompt of sampling["max_new_tokens"] tokens and
@@ -186,11 +200,8 @@ def continuation_distribution(model, prompt_ids: list[int], stop_ids: set[int], 
         grown_paths, grown_mass = [], []
         for start in range(0, len(paths), chunk):
             ids = paths[start:start + chunk]
-            cache = copy.deepcopy(prompt.past_key_values)
-            cache.batch_repeat_interleave(len(ids))
-            # The path so far over a copy of the prompt's cache; it is also
-            # the output history the penalties count.
-            probs = _next_probs(model(ids, past_key_values=cache).logits[:, -1], ids, sampling)
+            # The path so far (also the output history the penalties count).
+            probs = _next_probs(_path_logits(model, prompt, prompt_ids, ids), ids, sampling)
             row, tok = probs.nonzero(as_tuple=True)
             grown_paths.append(torch.cat([ids[row], tok[:, None]], dim=1))
             grown_mass.append(mass[start:start + chunk][row] * probs[row, tok])
@@ -269,10 +280,14 @@ def simulated_power(base, alternative, n: int, reps: int, seed: int = 0, p_min: 
     return sum(rejects() for _ in range(reps)) / reps
 
 
+TINY_TARGETS = {"tiny": "target", "hybrid": "hybrid-target", "lfm2": "lfm2-target"}  # --target -> asset
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", choices=["demo", "tiny"], default="demo",
-                    help="demo pair's target, or the tiny random test target (same prompt)")
+    ap.add_argument("--target", choices=["demo", *TINY_TARGETS], default="demo",
+                    help="demo pair's target, or a tiny test target (same prompt): the random "
+                         "one, the Qwen3.5 hybrid, the LFM2 hybrid")
     ap.add_argument("--alt", type=float, default=1.0, help="alternative temperature (the test's: 1.0)")
     ap.add_argument("--n", type=int, nargs="+", default=[6000, 8000, 10000, 12000, 20000])
     ap.add_argument("--reps", type=int, default=100)
@@ -283,7 +298,7 @@ def main() -> None:
 
     from sglang_dflash.demo import demo_pair, tiny_paths
 
-    target = demo_pair()[0] if args.target == "demo" else tiny_paths()["target"]
+    target = demo_pair()[0] if args.target == "demo" else tiny_paths()[TINY_TARGETS[args.target]]
     text = sampling_prompt(target, args.prompt)
     base, alt = exact_distributions(target, text, sampling, {**sampling, "temperature": args.alt})
     params = ", ".join(f"{k} {v}" for k, v in sampling.items() if k not in ("temperature", "max_new_tokens"))

@@ -109,6 +109,23 @@ def test_continuation_distribution_equals_brute_force(tiny, penalties, penalize)
     assert max(abs(plain.get(k, 0.0) - want[k]) for k in want) > 1e-3  # and they matter
 
 
+def test_paths_without_a_shareable_cache_run_whole_sequences(tiny):
+    """A hybrid target's cache (linear-attention layers transformers cannot
+    replicate) takes the full-sequence forward; its logits are the shared cache's."""
+    from types import SimpleNamespace
+
+    from sampling_power import _path_logits
+
+    model, ids, _ = tiny
+    with torch.no_grad():
+        prompt = model(torch.tensor([ids]), use_cache=True)
+        paths = torch.tensor([[5, 9], [7, 7], [100, 3]])
+        shared = _path_logits(model, prompt, ids, paths)
+        unshareable = SimpleNamespace(past_key_values=SimpleNamespace(layers=[object()]))
+        whole = _path_logits(model, unshareable, ids, paths)
+    torch.testing.assert_close(whole, shared, atol=1e-4, rtol=1e-4)
+
+
 def test_repetition_beside_additive_penalties_is_refused(tiny):
     model, ids, stops = tiny
     sampling = {"max_new_tokens": 2, "temperature": 1.0, "top_k": 4, "top_p": 1.0,
