@@ -16,7 +16,9 @@ GDN model class, made to build and run on a CPU by our hooks) always on: the
 other widths share their code with the Qwen3.5 pair's, which neither touches.
 The LFM2 pair has gated short convolutions where the others have linear
 attention (a conv window per request, no recurrent state), SGLang's other
-state-pool layout; always on and adaptive.
+state-pool layout; always on and adaptive. The Qwen3.5 and LFM2 engines keep
+SGLang's hybrid radix cache (no_buffer) and serve each prompt extended after
+the prompts themselves: those resume from the cached states.
 """
 
 import pytest
@@ -30,13 +32,18 @@ BATCH_SIZES = (1, 4)
 GREEDY = {"max_new_tokens": 32, "temperature": 0.0}
 PATHS = tiny_paths()
 # The mamba state pool is otherwise sized from free host memory (gigabytes,
-# a minute to allocate); a few slots per running request are plenty. On a CPU
-# SGLang's default radix cache for hybrids needs state snapshots it has only on
-# GPUs (start-up fails), so it is off here.
+# a minute to allocate); a few slots per running request are plenty.
 # float32 stated: SGLang's "auto" serves a float32 checkpoint in float16, and
 # transformers' float32 reference is matched token for token only in float32.
-ENGINE = {"max_mamba_cache_size": 64, "chunked_prefill_size": 32, "disable_radix_cache": True,
-          "dtype": "float32"}
+ENGINE = {"max_mamba_cache_size": 64, "chunked_prefill_size": 32, "dtype": "float32"}
+# On a CPU SGLang's default radix cache for hybrids (extra_buffer) needs state
+# snapshots it has only on GPUs (start-up fails). Its no_buffer strategy keeps
+# a request's state at the end of its prompt: a later prompt that extends it
+# resumes from that state (an identical prompt is recomputed). The Qwen3.5 and
+# LFM2 targets run with it, the others without a radix cache.
+RADIX = {"mamba_radix_cache_strategy": "no_buffer", "disable_overlap_schedule": True}
+NO_RADIX = {"disable_radix_cache": True}
+RADIX_TARGETS = ("dense", "lfm2")
 POLICIES = {"on": '{"mode": "on"}', "off": '{"mode": "off"}', "adaptive": '{"mode": "adaptive", "probe_interval": 8}'}
 # name -> (target, drafter, policies, batch sizes)
 TARGETS = {"dense": ("hybrid-target", "hybrid-drafter-trained", list(POLICIES), BATCH_SIZES),
@@ -56,13 +63,26 @@ def prompts():
     return [tok(text).input_ids for text in chat_prompts(NUM_PROMPTS)]
 
 
+def _extended(prompts):
+    """Each prompt with three more tokens: sent after the prompts themselves, it
+    hits the radix cache at the prompt's end."""
+    return [ids + ids[:3] for ids in prompts]
+
+
+def _run_names(target):
+    return [f"bs{bs}" for bs in TARGETS[target][3]] + (["extend"] if target in RADIX_TARGETS else [])
+
+
 @pytest.fixture(scope="module")
 def engines(prompts):
     jobs = {}
     for target, (model, drafter, policies, batch_sizes) in TARGETS.items():
         runs = [{"name": f"bs{bs}", "input_ids": prompts, "batch_size": bs, "sampling_params": GREEDY}
                 for bs in batch_sizes]
-        plain = {**ENGINE, "model_path": PATHS[model]}
+        if target in RADIX_TARGETS:
+            runs.append({"name": "extend", "input_ids": _extended(prompts), "batch_size": 4,
+                         "sampling_params": GREEDY})
+        plain = {**ENGINE, **(RADIX if target in RADIX_TARGETS else NO_RADIX), "model_path": PATHS[model]}
         jobs[target, "plain"] = Job(plain, runs)
         dflash = {**plain, "speculative_algorithm": "DFLASH", "speculative_draft_model_path": PATHS[drafter]}
         for policy in policies:
@@ -75,20 +95,22 @@ def test_plain_hybrid_serving_equals_transformers(engines, prompts, target):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(PATHS[TARGETS[target][0]], dtype=torch.float32).eval()
-    served = output_ids(engines[target, "plain"]["bs4"])
-    for i, ids in enumerate(prompts):
-        with torch.no_grad():  # teacher-forced on the served tokens: its greedy choice at each
-            logits = model(torch.tensor([ids + served[i]])).logits[0, len(ids) - 1:-1]
-        want = logits.argmax(-1).tolist()
-        diff = [k for k, (w, g) in enumerate(zip(want, served[i])) if w != g]
-        assert not diff, f"{target} prompt {i}: served tokens at {diff} are not transformers' greedy choice"
+    cases = [("bs4", prompts)] + ([("extend", _extended(prompts))] if target in RADIX_TARGETS else [])
+    for name, inputs in cases:  # extend: served from the cached states
+        served = output_ids(engines[target, "plain"][name])
+        for i, ids in enumerate(inputs):
+            with torch.no_grad():  # teacher-forced on the served tokens: its greedy choice at each
+                logits = model(torch.tensor([ids + served[i]])).logits[0, len(ids) - 1:-1]
+            want = logits.argmax(-1).tolist()
+            diff = [k for k, (w, g) in enumerate(zip(want, served[i])) if w != g]
+            assert not diff, f"{target} {name} prompt {i}: served tokens at {diff} are not transformers' greedy choice"
 
 
 @pytest.mark.parametrize("target,policy", CASES)
 def test_dflash_greedy_identical_to_plain(engines, target, policy):
     spec, state = engines[target, policy]
     batch_sizes = TARGETS[target][3]
-    for name in (f"bs{bs}" for bs in batch_sizes):
+    for name in _run_names(target):
         want, got = output_ids(engines[target, "plain"][name]), output_ids(spec[name])
         diff = [i for i, (w, g) in enumerate(zip(want, got)) if w != g]
         assert len(got) == NUM_PROMPTS and not diff, f"{target} {policy} {name}: prompts {diff} differ"
@@ -103,3 +125,14 @@ def test_dflash_greedy_identical_to_plain(engines, target, policy):
     lengths = [r["meta_info"]["spec_accept_length"] for r in spec[f"bs{batch_sizes[0]}"]["results"]]
     # Drafts accepted: the state is committed past the anchor on most steps.
     assert sum(lengths) / len(lengths) > 1.5, lengths
+
+
+@pytest.mark.parametrize("target", RADIX_TARGETS)
+def test_extended_prompts_resume_from_the_radix_cache(engines, prompts, target):
+    """Every extended prompt hit its prompt's cached state, plainly and under
+    DFLASH (whose drafter context for the cached tokens is the prompt's); their
+    outputs are checked above (plain against transformers, DFLASH against plain)."""
+    for policy in ["plain", *TARGETS[target][2]]:
+        runs = engines[target, policy] if policy == "plain" else engines[target, policy][0]
+        cached = [r["meta_info"]["cached_tokens"] for r in runs["extend"]["results"]]
+        assert cached == [len(ids) for ids in prompts], f"{target} {policy}: cached tokens {cached}"
