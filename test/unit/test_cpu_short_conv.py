@@ -62,21 +62,29 @@ def test_verify_chain_equals_decode_steps_and_keeps_each_window():
     assert torch.equal(verify_pool, step_pool)
 
 
-@pytest.mark.parametrize("case", ["device", "accept_counts"])
-def test_other_calls_go_to_sglang(case):
-    """Device tensors, and the call forms DFLASH on a CPU never makes, are SGLang's."""
+@pytest.mark.parametrize("case", ["device", "accept_counts", "positional"])
+def test_other_calls_go_to_sglang_as_given(case):
+    """Device tensors, and the call forms DFLASH on a CPU never makes, are SGLang's,
+    with their arguments exactly as the caller passed them."""
     seen = []
 
     def original(*args, **kwargs):
-        seen.append(kwargs)
+        seen.append((args, kwargs))
         return "sglang"
 
     device = "meta" if case == "device" else "cpu"
     x, pool, weight = (torch.zeros(2, D, device=device), torch.zeros(3, D, K - 1, device=device),
                        torch.zeros(D, K, device=device))
-    extra = {"num_accept_tokens": torch.ones(2, dtype=torch.int32)} if case == "accept_counts" else {}
     slots = torch.tensor([0, 1], dtype=torch.int32, device=device)
-    assert conv_update_on_cpu(original, x, pool, weight, None, None, conv_state_indices=slots, **extra) == "sglang"
-    assert seen and seen[0]["conv_state_indices"] is slots
+    if case == "positional":  # bias, activation, cache_seqlens, conv_state_indices
+        args, kwargs = (x, pool, weight, None, None, None, slots), {}
+    else:
+        args = (x, pool, weight, None, None)
+        kwargs = {"conv_state_indices": slots,
+                  **({"num_accept_tokens": torch.ones(2, dtype=torch.int32)} if case == "accept_counts" else {})}
+    assert conv_update_on_cpu(original, *args, **kwargs) == "sglang"
+    assert len(seen[0][0]) == len(args) and all(a is b for a, b in zip(seen[0][0], args))
+    assert seen[0][1].keys() == kwargs.keys()
     if case == "device":
-        assert conv_fn_on_cpu(original, x.T, weight, query_start_loc=slots, cache_indices=slots) == "sglang"
+        assert conv_fn_on_cpu(original, x.T, weight, query_start_loc=slots, cache_indices=slots,
+                              conv_states=pool) == "sglang"
