@@ -162,7 +162,6 @@ def _next_probs(logits: torch.Tensor, history: torch.Tensor, sampling: dict) -> 
                           sampling.get("min_p", 0.0))
 
 
-@torch.no_grad()
 def _path_logits(model, prompt, prompt_ids: list[int], ids: torch.Tensor) -> torch.Tensor:
     """[n, V] next-token logits after the prompt and each path of ids [n, d]: over
     copies of the prompt's KV cache, or, for a hybrid target whose linear-attention

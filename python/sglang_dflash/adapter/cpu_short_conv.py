@@ -41,9 +41,11 @@ def conv_fn_on_cpu(original, x, weight, *args, **kwargs):
     inputs are left in its pool window."""
     lead = _leading(args, kwargs, ("bias", "query_start_loc", "cache_indices", "has_initial_state",
                                    "conv_states", "activation"))
-    if x.device.type != "cpu" or lead is None or lead[1] is None or lead[2] is None or lead[4] is None:
+    if x.device.type != "cpu" or lead is None:
         return original(x, weight, *args, **kwargs)
     bias, query_start_loc, cache_indices, has_initial_state, conv_states, activation = lead
+    if query_start_loc is None or cache_indices is None or conv_states is None:  # not a pool-backed prefill
+        return original(x, weight, *args, **kwargs)
     if len(args) < 6 and "activation" not in kwargs:
         activation = "silu"  # SGLang's default
     if has_initial_state is None:
