@@ -24,7 +24,8 @@ def tiny_paths() -> dict[str, str]:
     names = ("target", "drafter-random", "drafter-trained", "dflash2-random",
              "hybrid-target", "hybrid-drafter-trained", "hybrid-moe-target", "hybrid-moe-drafter-trained",
              "hybrid-next-target", "hybrid-next-drafter-trained", "swa-target", "swa-drafter-trained",
-             "swa-drafter-laguna", "lfm2-target", "lfm2-drafter-trained")
+             "swa-drafter-laguna", "lfm2-target", "lfm2-drafter-trained", "nemotron-h-target",
+             "nemotron-h-drafter-trained")
     return {name: os.path.join(ASSETS, name) for name in names}
 
 

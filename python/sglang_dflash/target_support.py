@@ -1,6 +1,6 @@
 """Targets this worker can serve: attention decoder stacks (full and
-sliding-window layers), the Gated DeltaNet hybrids (Qwen3.5, Qwen3-Next) and
-the short-convolution hybrids (LFM2).
+sliding-window layers), the Gated DeltaNet hybrids (Qwen3.5, Qwen3-Next), the
+short-convolution hybrids (LFM2) and the Mamba2 hybrids (Nemotron-H).
 
 The worker indexes the drafter's context by the target's full-pool KV slot ids.
 A hybrid sliding-window target (SGLang's `SWAKVPool`: Laguna, gpt-oss, Gemma 4,
@@ -12,9 +12,10 @@ keeps the full-attention pool for its full-attention layers and a per-request
 recurrent state for its linear ones, which a verify leaves untouched (SGLang's
 GDN verify keeps the state after each position) and the worker commits at the
 accepted position (`adapter/linear_state.py`); an LFM2 conv layer keeps a conv
-window only, committed the same way. Other state-space hybrids (Mamba, Jamba,
-Nemotron-H, ...) are refused at start-up with the reason rather than served with
-wrong output. Whether the target's model class can hand the drafter its layers
+window only, and a Nemotron-H Mamba2 layer a conv window and an SSM state in the
+same pool layout, committed the same way. Other state-space hybrids (Mamba,
+Jamba, Falcon-H1, ...) are refused at start-up with the reason rather than
+served with wrong output. Whether the target's model class can hand the drafter its layers
 is SGLang's to say (`set_dflash_layers_to_capture`), checked when it loads.
 """
 
@@ -34,6 +35,8 @@ _GDN_LAYER_TYPES = {"full_attention", "linear_attention"}
 # per-request conv window in the same state pool, committed the same way.
 SHORT_CONV_HYBRID_TYPES = ("lfm2", "lfm2_moe")
 _SHORT_CONV_LAYER_TYPES = {"full_attention", "conv"}
+# Mamba2 hybrids SGLang serves under DFLASH (SGLang validates their layer list).
+MAMBA2_HYBRID_TYPES = ("nemotron_h",)
 _ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}
 
 
@@ -57,6 +60,8 @@ def unsupported_target_reason(config: Mapping[str, Any]) -> str | None:
         other = sorted({str(t) for t in config.get("layer_types") or ()} - _SHORT_CONV_LAYER_TYPES)
         if other:
             return f"layer_types has {other} layers (a short-conv hybrid has full attention and conv only)"
+        return None
+    if model_type in MAMBA2_HYBRID_TYPES:
         return None
     if any(t in model_type for t in _HYBRID_TYPES):
         return f"model_type {model_type!r} has linear-attention / state-space layers"

@@ -1,5 +1,5 @@
 """Hybrid targets under DFLASH on the CPU engine: Gated DeltaNet (Qwen3.5,
-Qwen3.5 MoE, Qwen3-Next) and short convolution (LFM2).
+Qwen3.5 MoE, Qwen3-Next), short convolution (LFM2) and Mamba2 (Nemotron-H).
 
 The tiny hybrid pairs (`tools/tiny_hybrid.py`): layers 0 and 2 linear attention,
 1 and 3 full attention, a dense FFN or a sparse MoE block with a gated shared
@@ -9,16 +9,19 @@ Oracle: the same engine without speculation, which in turn equals
 transformers' reference (the stand-in's GDN ops and our CPU shared-expert gate
 serve plain decoding). Chunked prefill (chunks of 32) makes the prompts' states
 continue across chunks. On the Qwen3.5 pair DFLASH runs always on (the whole
-block), off (every decode step a plain DECODE forward through our worker) and
-adaptive (the default: the width changes between steps, W = 0 included); on
+block) and adaptive (the default: the width changes between steps, W = 0, a
+plain DECODE forward through our worker, included); on
 the MoE and Qwen3-Next pairs (the latter SGLang's other
 GDN model class, made to build and run on a CPU by our hooks) always on: the
 other widths share their code with the Qwen3.5 pair's, which neither touches.
 The LFM2 pair has gated short convolutions where the others have linear
 attention (a conv window per request, no recurrent state), SGLang's other
-state-pool layout; always on and adaptive. The Qwen3.5 and LFM2 engines keep
-SGLang's hybrid radix cache (no_buffer) and serve each prompt extended after
-the prompts themselves: those resume from the cached states.
+state-pool layout; always on and adaptive. The Nemotron-H pair (mamba,
+attention, mamba, MLP) runs its Mamba2 mixers through our CPU twins of
+SGLang's Triton scan and state update; always on. The Qwen3.5, LFM2 and
+Nemotron-H engines keep SGLang's hybrid radix cache (no_buffer) and serve each
+prompt extended after the prompts themselves: those resume from the cached
+states.
 """
 
 import pytest
@@ -43,13 +46,20 @@ ENGINE = {"max_mamba_cache_size": 64, "chunked_prefill_size": 32, "dtype": "floa
 # LFM2 targets run with it, the others without a radix cache.
 RADIX = {"mamba_radix_cache_strategy": "no_buffer", "disable_overlap_schedule": True}
 NO_RADIX = {"disable_radix_cache": True}
-RADIX_TARGETS = ("dense", "lfm2")
-POLICIES = {"on": '{"mode": "on"}', "off": '{"mode": "off"}', "adaptive": '{"mode": "adaptive", "probe_interval": 8}'}
+RADIX_TARGETS = ("dense", "lfm2", "nemotron")
+POLICIES = {"on": '{"mode": "on"}', "adaptive": '{"mode": "adaptive", "probe_interval": 8}'}
 # name -> (target, drafter, policies, batch sizes)
 TARGETS = {"dense": ("hybrid-target", "hybrid-drafter-trained", list(POLICIES), BATCH_SIZES),
            "moe": ("hybrid-moe-target", "hybrid-moe-drafter-trained", ["on"], (4,)),
            "next": ("hybrid-next-target", "hybrid-next-drafter-trained", ["on"], (4,)),
-           "lfm2": ("lfm2-target", "lfm2-drafter-trained", ["on", "adaptive"], (4,))}
+           "lfm2": ("lfm2-target", "lfm2-drafter-trained", ["on", "adaptive"], (4,)),
+           "nemotron": ("nemotron-h-target", "nemotron-h-drafter-trained", ["on"], (4,))}
+# SGLang keeps a Mamba2 mixer's conv window in bfloat16 unless told otherwise
+# (whatever --dtype), which moves greedy choices off transformers' float32 ones.
+TARGET_ENV = {"nemotron": {"SGLANG_MAMBA_CONV_DTYPE": "float32"}}
+# The Nemotron-H drafter accepts less on these chat prompts (about 1.3 in the
+# transformers reference loop, 2.5 on its held-out prompts) than the others.
+MIN_ACCEPT = {"nemotron": 1.2}
 CASES = [(target, policy) for target, (_, _, policies, _) in TARGETS.items() for policy in policies]
 
 
@@ -63,42 +73,44 @@ def prompts():
     return [tok(text).input_ids for text in chat_prompts(NUM_PROMPTS)]
 
 
-def _extended(prompts):
-    """Each prompt with three more tokens: sent after the prompts themselves, it
-    hits the radix cache at the prompt's end."""
-    return [ids + ids[:3] for ids in prompts]
-
-
-def _run_names(target):
-    return [f"bs{bs}" for bs in TARGETS[target][3]] + (["extend"] if target in RADIX_TARGETS else [])
+@pytest.fixture(scope="module")
+def inputs(prompts):
+    """Per target, {run name: (prompts, batch size)}. On a radix target every
+    prompt is sent again with three more tokens ("extend", after the prompts
+    themselves): it hits the radix cache at the prompt's end."""
+    out = {}
+    for target, (_, _, _, batch_sizes) in TARGETS.items():
+        out[target] = {f"bs{bs}": (prompts, bs) for bs in batch_sizes}
+        if target in RADIX_TARGETS:
+            out[target]["extend"] = ([ids + ids[:3] for ids in prompts], 4)
+    return out
 
 
 @pytest.fixture(scope="module")
-def engines(prompts):
+def engines(inputs):
     jobs = {}
-    for target, (model, drafter, policies, batch_sizes) in TARGETS.items():
-        runs = [{"name": f"bs{bs}", "input_ids": prompts, "batch_size": bs, "sampling_params": GREEDY}
-                for bs in batch_sizes]
-        if target in RADIX_TARGETS:
-            runs.append({"name": "extend", "input_ids": _extended(prompts), "batch_size": 4,
-                         "sampling_params": GREEDY})
+    for target, (model, drafter, policies, _) in TARGETS.items():
+        runs = [{"name": name, "input_ids": ids, "batch_size": bs, "sampling_params": GREEDY}
+                for name, (ids, bs) in inputs[target].items()]
         plain = {**ENGINE, **(RADIX if target in RADIX_TARGETS else NO_RADIX), "model_path": PATHS[model]}
-        jobs[target, "plain"] = Job(plain, runs)
+        env = TARGET_ENV.get(target, {})
+        jobs[target, "plain"] = Job(plain, runs, env=env)
         dflash = {**plain, "speculative_algorithm": "DFLASH", "speculative_draft_model_path": PATHS[drafter]}
         for policy in policies:
-            jobs[target, policy] = Job(dflash, runs, True, {"SGLANG_DFLASH_POLICY": POLICIES[policy]})
+            jobs[target, policy] = Job(dflash, runs, True, {**env, "SGLANG_DFLASH_POLICY": POLICIES[policy]})
     return dict(zip(jobs, run_engines(list(jobs.values()))))
 
 
 @pytest.mark.parametrize("target", list(TARGETS))
-def test_plain_hybrid_serving_equals_transformers(engines, prompts, target):
+def test_plain_hybrid_serving_equals_transformers(engines, inputs, target):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(PATHS[TARGETS[target][0]], dtype=torch.float32).eval()
-    cases = [("bs4", prompts)] + ([("extend", _extended(prompts))] if target in RADIX_TARGETS else [])
-    for name, inputs in cases:  # extend: served from the cached states
+    for name, (prompts, bs) in inputs[target].items():  # extend: served from the cached states
+        if name != "extend" and bs != 4:
+            continue  # the other batch sizes are checked against this one through DFLASH == plain
         served = output_ids(engines[target, "plain"][name])
-        for i, ids in enumerate(inputs):
+        for i, ids in enumerate(prompts):
             with torch.no_grad():  # teacher-forced on the served tokens: its greedy choice at each
                 logits = model(torch.tensor([ids + served[i]])).logits[0, len(ids) - 1:-1]
             want = logits.argmax(-1).tolist()
@@ -107,24 +119,21 @@ def test_plain_hybrid_serving_equals_transformers(engines, prompts, target):
 
 
 @pytest.mark.parametrize("target,policy", CASES)
-def test_dflash_greedy_identical_to_plain(engines, target, policy):
+def test_dflash_greedy_identical_to_plain(engines, inputs, target, policy):
     spec, state = engines[target, policy]
     batch_sizes = TARGETS[target][3]
-    for name in _run_names(target):
+    for name in inputs[target]:
         want, got = output_ids(engines[target, "plain"][name]), output_ids(spec[name])
         diff = [i for i, (w, g) in enumerate(zip(want, got)) if w != g]
         assert len(got) == NUM_PROMPTS and not diff, f"{target} {policy} {name}: prompts {diff} differ"
     widths = state["steps_by_width"]
-    if policy == "off":
-        assert widths[0] == state["steps"] > 0, widths
-        return
     if policy == "adaptive":  # the default: widths change between steps, W = 0 included
-        assert state["width_changes"] > 0 and sum(widths) == state["steps"] > 0, state
+        assert state["width_changes"] > 0 and 0 < widths[0] < sum(widths) == state["steps"], state
         return
     assert widths[0] == 0 and state["steps"] > 0, widths
     lengths = [r["meta_info"]["spec_accept_length"] for r in spec[f"bs{batch_sizes[0]}"]["results"]]
-    # Drafts accepted: the state is committed past the anchor on most steps.
-    assert sum(lengths) / len(lengths) > 1.5, lengths
+    # Drafts accepted: the state is committed past the anchor on many steps.
+    assert sum(lengths) / len(lengths) > MIN_ACCEPT.get(target, 1.5), lengths
 
 
 @pytest.mark.parametrize("target", RADIX_TARGETS)

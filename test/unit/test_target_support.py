@@ -39,13 +39,18 @@ def test_short_conv_hybrids_are_served(model_type):
     assert unsupported_target_reason(config) is None
 
 
+def test_mamba2_hybrids_are_served():
+    """Nemotron-H's Mamba2 layers keep a conv window and an SSM state in the same pool."""
+    assert unsupported_target_reason({"model_type": "nemotron_h", "hybrid_override_pattern": "M*M-"}) is None
+
+
 @pytest.mark.parametrize("config, needle", [
     ({"model_type": "lfm2", "layer_types": ["conv", "linear_attention"]}, "linear_attention"),
     ({"model_type": "qwen3_next"}, "full_attention_interval"),
     ({"model_type": "qwen3_5_text", "full_attention_interval": 2,
       "layer_types": ["linear_attention", "sliding_attention"]}, "sliding_attention"),
     ({"model_type": "jamba", "attn_layer_indices": [3]}, "linear-attention"),
-    ({"model_type": "nemotron_h"}, "linear-attention"),
+    ({"model_type": "falcon_h1", "mamba_d_state": 16}, "linear-attention"),
     ({"model_type": "custom", "full_attention_interval": 4}, "full_attention_interval"),
     ({"model_type": "llama", "layer_types": ["full_attention", "linear_attention"]}, "linear_attention"),
     ({"model_type": "llama4_text", "layer_types": ["chunked_attention", "full_attention"]},

@@ -152,7 +152,7 @@ def random_target(model_class, config, seed: int):
     torch.manual_seed(seed)
     model = model_class(config).float().eval()
     with torch.no_grad():
-        model.model.embed_tokens.weight.normal_(0.0, EMBED_STD)
+        model.get_input_embeddings().weight.normal_(0.0, EMBED_STD)
         model.lm_head.weight.normal_(0.0, HEAD_STD)
     model.generation_config = GenerationConfig(
         bos_token_id=None, eos_token_id=eos, pad_token_id=pad, do_sample=False)
