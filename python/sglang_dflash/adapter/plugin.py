@@ -154,6 +154,9 @@ def register() -> None:
     from sglang_dflash.adapter import cpu_mamba2
 
     cpu_mamba2.register(HookRegistry, HookType)
+    from sglang_dflash.adapter import cpu_nemotron_moe
+
+    cpu_nemotron_moe.register(HookRegistry, HookType)
     from sglang_dflash.adapter import cpu_moe
 
     HookRegistry.register(cpu_moe.GATE_TARGET, cpu_moe.torch_shared_gate_on_cpu, HookType.AROUND)
