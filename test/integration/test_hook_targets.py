@@ -12,10 +12,12 @@ import pkgutil
 from sglang_dflash import cpu_runtime
 if not cpu_runtime.cuda_available():
     cpu_runtime.activate()
-from sglang_dflash.adapter import (cpu_gdn, cpu_lora, cpu_parallel, disaggregation, drafter_weights, metrics,
-                                   mixed_chunk, plugin, sessions)
+from sglang_dflash.adapter import (cpu_gdn, cpu_lora, cpu_mamba2, cpu_moe, cpu_nemotron_moe, cpu_parallel,
+                                   cpu_short_conv, disaggregation, drafter_weights, metrics, mixed_chunk, plugin,
+                                   sessions)
 targets = [v for k, v in vars(plugin).items() if k.endswith("_TARGET")]
-for module in (cpu_gdn, cpu_lora, cpu_parallel, disaggregation, drafter_weights, metrics, mixed_chunk, sessions):
+for module in (cpu_gdn, cpu_lora, cpu_mamba2, cpu_moe, cpu_nemotron_moe, cpu_parallel, cpu_short_conv,
+               disaggregation, drafter_weights, metrics, mixed_chunk, sessions):
     targets += [v for k, v in vars(module).items() if k.endswith("_TARGET")]
 for t in targets:
     pkgutil.resolve_name(t)
