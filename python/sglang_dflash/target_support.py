@@ -15,7 +15,9 @@ accepted position (`adapter/linear_state.py`); an LFM2 conv layer keeps a conv
 window only, and a Nemotron-H Mamba2 layer a conv window and an SSM state in the
 same pool layout, committed the same way. Other state-space hybrids (Mamba,
 Jamba, Falcon-H1, ...) are refused at start-up with the reason rather than
-served with wrong output. Whether the target's model class can hand the drafter its layers
+served with wrong output. A multi-head latent attention target (DeepSeek-V2/V3,
+Kimi-K2.5) caches one compressed latent row per token in SGLang's MLA pool,
+keyed by the same slots, so it needs nothing here. Whether the target's model class can hand the drafter its layers
 is SGLang's to say (`set_dflash_layers_to_capture`), checked when it loads.
 """
 

@@ -20,6 +20,13 @@ to hand out the same ids, then wrong values, and an IndexError once a full
 slot id passes the windowed pool's size. Here every read of a sliding
 layer (EXTEND, DECODE, TARGET_VERIFY) goes through the mapping; otherwise
 EXTEND and DECODE behave exactly as upstream.
+
+Multi-head latent attention targets (DeepSeek-V2/V3, Kimi-K2.5) prefill a batch
+with no cached prefix through per-head K/V while caching the compressed latent
+themselves; upstream's EXTEND attends over the pool's latent rows instead (a
+shape error), so that prefill attends over the K/V it is handed. Their other
+steps (extends over a prefix, decode, verify) attend over the latent rows as
+one shared KV head, which the generic paths already do.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ import contextlib
 
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.layers.radix_attention import AttentionType
-from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc, MLATokenToKVPool
+from torch.nn.functional import scaled_dot_product_attention
 
 from sglang_dflash.verify_attention import verify_attention
 
@@ -53,12 +61,41 @@ class VerifyCapableTorchNativeAttnBackend(TorchNativeAttnBackend):
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         if forward_batch.forward_mode.is_target_verify():
             return self._forward_target_verify(q, k, v, layer, forward_batch, save_kv_cache)
+        if self._is_mla_expanded_prefill(k, layer, save_kv_cache):
+            return self._forward_own_kv(q, k, v, layer, forward_batch)
         with self._reads_for(layer):
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         with self._reads_for(layer):
             return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
+
+    def _is_mla_expanded_prefill(self, k, layer, save_kv_cache) -> bool:
+        """An MLA model's MHA prefill: it caches the compressed latent itself and
+        hands over per-head K/V, which the latent pool's rows are not."""
+        return (not save_kv_cache and k is not None and isinstance(self.token_to_kv_pool, MLATokenToKVPool)
+                and layer.qk_head_dim != self.token_to_kv_pool.get_key_buffer(layer.layer_id).shape[-1])
+
+    def _forward_own_kv(self, q, k, v, layer, forward_batch):
+        """Causal attention of each request's new tokens over the K/V passed in.
+        SGLang picks MLA's MHA prefill (the triton backend's rule, which
+        torch_native inherits) only when no request has a cached prefix; the
+        latent path handles the rest, so a prefix here is refused."""
+        if any(forward_batch.extend_prefix_lens_cpu):
+            raise NotImplementedError("torch_native: an MLA per-head prefill over a cached prefix")
+        heads = layer.tp_q_head_num
+        q_ = q.reshape(-1, heads, layer.qk_head_dim).transpose(0, 1)
+        k_ = k.reshape(-1, layer.tp_k_head_num, layer.qk_head_dim).transpose(0, 1)
+        v_ = v.reshape(-1, layer.tp_v_head_num, layer.v_head_dim).transpose(0, 1)
+        out = q.new_empty((heads, q_.shape[1], layer.v_head_dim))
+        start = 0
+        for n in forward_batch.extend_seq_lens_cpu:
+            rows = slice(start, start + n)
+            out[:, rows] = scaled_dot_product_attention(
+                q_[:, rows], k_[:, rows].to(q.dtype), v_[:, rows].to(q.dtype), is_causal=True,
+                scale=layer.scaling, enable_gqa=heads != layer.tp_k_head_num)
+            start += n
+        return out.transpose(0, 1).reshape(q.shape[0], heads * layer.v_head_dim)
 
     def _in_window_pool(self, layer) -> bool:
         return self.use_sliding_window_kv_pool and self.token_to_kv_pool.layers_mapping[layer.layer_id][1]

@@ -42,7 +42,6 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import save_drafter
 from . import tiny_models as tiny
 
 LINEAR_DIMS = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
@@ -94,17 +93,7 @@ def build_mamba2_target(tokenizer, seed: int):
         layer_norm_epsilon=dims["rms_norm_eps"], tie_word_embeddings=False, bos_token_id=None,
         eos_token_id=eos, pad_token_id=pad, **MAMBA2_DIMS)
     model = tiny.random_target(NemotronHForCausalLM, config, seed)
-    return _redrawn(model, NEMOTRON_LAYERS, "mamba", "mixer", MAMBA2_STDS)
-
-
-def _redrawn(model, kinds: list[str], kind: str, block: str, stds: dict):
-    """The model with the weights of each `kind` layer's `block` redrawn at `stds`."""
-    with torch.no_grad():
-        for layer, k in zip(model.model.layers, kinds):
-            if k == kind:
-                for name, std in stds.items():
-                    getattr(getattr(layer, block), name).weight.normal_(0.0, std)
-    return model
+    return tiny.redrawn(model, NEMOTRON_LAYERS, "mamba", "mixer", MAMBA2_STDS)
 
 
 def build_short_conv_target(tokenizer, seed: int):
@@ -125,7 +114,7 @@ def build_short_conv_target(tokenizer, seed: int):
         full_attn_idxs=[i for i, k in enumerate(kinds) if k == "full_attention"],
         rope_theta=tiny.ROPE_THETA, tie_word_embeddings=False, bos_token_id=None,
         eos_token_id=eos, pad_token_id=pad)
-    return _redrawn(tiny.random_target(Lfm2ForCausalLM, config, seed), kinds, "conv", "conv", CONV_STDS)
+    return tiny.redrawn(tiny.random_target(Lfm2ForCausalLM, config, seed), kinds, "conv", "conv", CONV_STDS)
 
 
 def build_hybrid_target(tokenizer, seed: int, kind: str = "dense"):
@@ -185,8 +174,6 @@ see its docstring), with the tokenizer of `target/`:
 
 
 def main(argv=None) -> None:
-    from transformers import AutoTokenizer
-
     parser = tiny.build_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--kind", choices=list(KINDS), default="dense",
                         help="Qwen3.5 (dense FFN), Qwen3.5 MoE, Qwen3-Next (MoE), LFM2 (short conv) "
@@ -195,13 +182,9 @@ def main(argv=None) -> None:
     log = tiny.deterministic_build("tiny_hybrid")
     start = time.time()
     name = KINDS[args.kind][0]
-    tokenizer = AutoTokenizer.from_pretrained(args.out / "target")
-    target = build_hybrid_target(tokenizer, args.seed, args.kind)
-    save_hybrid_target(target, tokenizer, tiny._fresh_dir(args.out / f"{name}-target"))
-    corpus = tiny.load_corpus(args.data_dir)
-    drafter, cfg_dict, info = tiny.train_tiny_drafter(target, tokenizer, corpus, args, log)
+    target, _, _, info = tiny.target_and_trained_drafter(
+        args, log, name, lambda tok, seed: build_hybrid_target(tok, seed, args.kind), save_hybrid_target)
     info["model_type"] = target.config.model_type
-    save_drafter(drafter, cfg_dict, tiny._fresh_dir(args.out / f"{name}-drafter-trained"))
     write_hybrid_md(args.out / f"{name.upper().replace('-', '_')}.md", info, args, time.time() - start)
     log(f"done in {time.time() - start:.0f}s")
 

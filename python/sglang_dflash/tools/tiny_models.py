@@ -159,6 +159,16 @@ def random_target(model_class, config, seed: int):
     return model
 
 
+def redrawn(model, kinds: list[str], kind: str, block: str, stds: dict):
+    """The model with the weights of each `kind` layer's `block` redrawn at `stds`."""
+    with torch.no_grad():
+        for layer, k in zip(model.model.layers, kinds):
+            if k == kind:
+                for name, std in stds.items():
+                    getattr(getattr(layer, block), name).weight.normal_(0.0, std)
+    return model
+
+
 def build_target(tokenizer, seed: int):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -291,6 +301,21 @@ def train_tiny_drafter(target, tokenizer, corpus: dict, args, log, architecture:
         f"{report.mean_acceptance_length:.3f} over {len(heldout)} prompts")
     return drafter, cfg_dict, {"config": tcfg, "history": history, "report": report,
                                "num_sequences": len(sequences), "heldout": len(heldout)}
+
+
+def target_and_trained_drafter(args, log, name: str, build, save=None) -> tuple:
+    """`name`-target/ built by `build(tokenizer, seed)` (saved by `save`, else as
+    a plain HF checkpoint) and `name`-drafter-trained/ trained on it, both under
+    args.out; returns (target, tokenizer, corpus, training info)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.out / "target")
+    target = build(tokenizer, args.seed)
+    (save or save_target)(target, tokenizer, _fresh_dir(args.out / f"{name}-target"))
+    corpus = load_corpus(args.data_dir)
+    drafter, cfg_dict, info = train_tiny_drafter(target, tokenizer, corpus, args, log)
+    save_drafter(drafter, cfg_dict, _fresh_dir(args.out / f"{name}-drafter-trained"))
+    return target, tokenizer, corpus, info
 
 
 def _display(source: str) -> str:

@@ -66,17 +66,10 @@ docstring), with the tokenizer of `target/`:
 
 
 def main(argv=None) -> None:
-    from transformers import AutoTokenizer
-
     args = tiny.build_parser(__doc__.split("\n\n")[0]).parse_args(argv)
     log = tiny.deterministic_build("tiny_swa")
     start = time.time()
-    tokenizer = AutoTokenizer.from_pretrained(args.out / "target")
-    target = build_swa_target(tokenizer, args.seed)
-    tiny.save_target(target, tokenizer, tiny._fresh_dir(args.out / "swa-target"))
-    corpus = tiny.load_corpus(args.data_dir)
-    drafter, cfg_dict, info = tiny.train_tiny_drafter(target, tokenizer, corpus, args, log)
-    save_drafter(drafter, cfg_dict, tiny._fresh_dir(args.out / "swa-drafter-trained"))
+    target, tokenizer, corpus, info = tiny.target_and_trained_drafter(args, log, "swa", build_swa_target)
     laguna, laguna_dict, laguna_info = tiny.train_tiny_drafter(
         target, tokenizer, corpus, args, log, architecture="DFlashLagunaForCausalLM",
         top={"gating": "per-head"})

@@ -1,5 +1,6 @@
-"""Hybrid targets under DFLASH on the CPU engine: Gated DeltaNet (Qwen3.5,
-Qwen3.5 MoE, Qwen3-Next), short convolution (LFM2) and Mamba2 (Nemotron-H).
+"""Targets beyond the dense attention stack under DFLASH on the CPU engine:
+hybrids of Gated DeltaNet (Qwen3.5, Qwen3.5 MoE, Qwen3-Next), short convolution
+(LFM2) and Mamba2 (Nemotron-H), and multi-head latent attention (DeepSeek-V3).
 
 The tiny hybrid pairs (`tools/tiny_hybrid.py`): layers 0 and 2 linear attention,
 1 and 3 full attention, a dense FFN or a sparse MoE block with a gated shared
@@ -22,6 +23,13 @@ SGLang's Triton scan and state update; always on. The Qwen3.5, LFM2 and
 Nemotron-H engines keep SGLang's hybrid radix cache (no_buffer) and serve each
 prompt extended after the prompts themselves: those resume from the cached
 states.
+
+The DeepSeek-V3 pair (`tools/tiny_mla.py`; MLA in every layer, MoE in layers
+1-3) keeps one compressed latent row per token in SGLang's MLA pool. SGLang
+prefills a batch with no cached prefix through per-head K/V (its MHA path) and
+everything else, extends of a cached prefix, decode steps and verify blocks,
+through the latent (the absorbed path), as on a GPU with the triton backend;
+always on, with the ordinary radix cache.
 """
 
 import pytest
@@ -42,18 +50,25 @@ ENGINE = {"max_mamba_cache_size": 64, "chunked_prefill_size": 32, "dtype": "floa
 # On a CPU SGLang's default radix cache for hybrids (extra_buffer) needs state
 # snapshots it has only on GPUs (start-up fails). Its no_buffer strategy keeps
 # a request's state at the end of its prompt: a later prompt that extends it
-# resumes from that state (an identical prompt is recomputed). The Qwen3.5 and
-# LFM2 targets run with it, the others without a radix cache.
+# resumes from that state (an identical prompt is recomputed). The Qwen3.5,
+# LFM2 and Nemotron-H targets run with it, the other hybrids without a radix cache.
 RADIX = {"mamba_radix_cache_strategy": "no_buffer", "disable_overlap_schedule": True}
 NO_RADIX = {"disable_radix_cache": True}
-RADIX_TARGETS = ("dense", "lfm2", "nemotron")
+# An attention-only target keeps SGLang's ordinary radix cache.
+CACHE = {"dense": RADIX, "lfm2": RADIX, "nemotron": RADIX, "mla": {}}
+# MLA prefills through per-head K/V only a batch with no cached prefix: whole
+# prompts in one chunk make that the first batch's every prompt; the later
+# batches hit the chat template's cached prefix and extend through the latent.
+TARGET_ENGINE = {"mla": {"chunked_prefill_size": 512}}
+RADIX_TARGETS = tuple(CACHE)
 POLICIES = {"on": '{"mode": "on"}', "adaptive": '{"mode": "adaptive", "probe_interval": 8}'}
 # name -> (target, drafter, policies, batch sizes)
 TARGETS = {"dense": ("hybrid-target", "hybrid-drafter-trained", list(POLICIES), BATCH_SIZES),
            "moe": ("hybrid-moe-target", "hybrid-moe-drafter-trained", ["on"], (4,)),
            "next": ("hybrid-next-target", "hybrid-next-drafter-trained", ["on"], (4,)),
            "lfm2": ("lfm2-target", "lfm2-drafter-trained", ["on", "adaptive"], (4,)),
-           "nemotron": ("nemotron-h-target", "nemotron-h-drafter-trained", ["on"], (4,))}
+           "nemotron": ("nemotron-h-target", "nemotron-h-drafter-trained", ["on"], (4,)),
+           "mla": ("mla-target", "mla-drafter-trained", ["on"], (4,))}
 # SGLang keeps a Mamba2 mixer's conv window in bfloat16 unless told otherwise
 # (whatever --dtype), which moves greedy choices off transformers' float32 ones.
 TARGET_ENV = {"nemotron": {"SGLANG_MAMBA_CONV_DTYPE": "float32"}}
@@ -92,7 +107,8 @@ def engines(inputs):
     for target, (model, drafter, policies, _) in TARGETS.items():
         runs = [{"name": name, "input_ids": ids, "batch_size": bs, "sampling_params": GREEDY}
                 for name, (ids, bs) in inputs[target].items()]
-        plain = {**ENGINE, **(RADIX if target in RADIX_TARGETS else NO_RADIX), "model_path": PATHS[model]}
+        plain = {**ENGINE, **CACHE.get(target, NO_RADIX), **TARGET_ENGINE.get(target, {}),
+                 "model_path": PATHS[model]}
         env = TARGET_ENV.get(target, {})
         jobs[target, "plain"] = Job(plain, runs, env=env)
         dflash = {**plain, "speculative_algorithm": "DFLASH", "speculative_draft_model_path": PATHS[drafter]}
@@ -102,7 +118,7 @@ def engines(inputs):
 
 
 @pytest.mark.parametrize("target", list(TARGETS))
-def test_plain_hybrid_serving_equals_transformers(engines, inputs, target):
+def test_plain_serving_equals_transformers(engines, inputs, target):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(PATHS[TARGETS[target][0]], dtype=torch.float32).eval()
