@@ -11,8 +11,8 @@ writes, next to the dense tiny models (`tiny_models.py`, whose tokenizer it reus
   a dense FFN of 128, layers 1-3 a sparse block of 4 experts of 64 (sigmoid
   scores, top 2 renormalized, routed_scaling_factor 2.5) plus a shared expert
   of 64, with the dense target's embedding and head scales and its attention
-  weights redrawn at `ATTENTION_STDS`. Kimi-K2.5 and the
-  other DeepSeek-V3-layout targets run through the same SGLang model class.
+  weights redrawn at `ATTENTION_STDS`. SGLang serves DeepSeek-V3-layout
+  targets through this model class (Kimi-K2.5 as its language model).
 * `mla-drafter-trained/`: DFlash v1, 2 layers, block 8, taps [0, 2], trained on
   the target's own greedy continuations as `drafter-trained/` is; its measured
   acceptance goes to `MLA.md`.
