@@ -167,6 +167,30 @@ def _run(engine, run):
     return {"name": run["name"], "seconds": time.time() - t0, "results": results, "weights": weights}
 
 
+def fork_engine_processes() -> None:
+    """Start the engine's scheduler and detokenizer by fork, not spawn.
+
+    SGLang forces "spawn", so each child imports SGLang again (about 10 s of
+    one core apiece, the larger part of an engine's start-up here); a fork
+    inherits this process's imports. Test speed only: what a fork can hide (a
+    child that would not load our plugin or our CPU runtime by itself) is
+    covered by the tests that launch real servers (`harness.launch_server`),
+    which keep SGLang's spawn. ENGINE_START_METHOD=spawn restores it here."""
+    if os.environ.get("ENGINE_START_METHOD", "fork") != "fork":
+        return
+    import multiprocessing
+
+    import torch
+
+    # OpenMP's worker threads do not survive a fork: a child whose parent has
+    # run a parallel region hangs in its own first one. This process computes
+    # nothing that needs them; each scheduler sets its own thread count.
+    torch.set_num_threads(1)
+
+    set_start_method = multiprocessing.set_start_method
+    multiprocessing.set_start_method = lambda method, force=False: set_start_method("fork", force=True)
+
+
 def main():
     from sglang_dflash import cpu_runtime
 
@@ -181,6 +205,7 @@ def main():
         # written to it (here or by the engine's processes) goes to stderr.
         handshake = os.fdopen(os.dup(1), "w")
         os.dup2(2, 1)
+    fork_engine_processes()
     engine = sgl.Engine(**spec["engine"])
     if handshake:  # report ready, run when released
         handshake.write("ready\n")
