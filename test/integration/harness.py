@@ -67,6 +67,25 @@ def output_ids(run: dict) -> list[list[int]]:
     return [r["output_ids"] for r in run["results"]]
 
 
+def not_transformers_greedy(model_path: str, prompts: list[list[int]], served: list[list[int]]) -> dict:
+    """{prompt index: positions} where a served token is not transformers'
+    greedy choice (float32), teacher-forced on the served tokens: each position
+    is judged on the served prefix, so one divergence shows once, not as a
+    cascade. Empty when plain serving matches the reference."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    wrong = {}
+    for i, (ids, got) in enumerate(zip(prompts, served)):
+        with torch.no_grad():
+            want = model(torch.tensor([ids + got])).logits[0, len(ids) - 1:-1].argmax(-1).tolist()
+        positions = [k for k, (w, g) in enumerate(zip(want, got)) if w != g]
+        if positions:
+            wrong[i] = positions
+    return wrong
+
+
 def run_engine(engine_kwargs: dict, runs: list[dict], timeout: int = 2400, with_state: bool = False,
                env: dict | None = None):
     """Start one engine in a subprocess, execute `runs`, return {name: run}

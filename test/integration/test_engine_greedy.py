@@ -14,17 +14,14 @@ import pytest
 from harness import Job, chat_prompts, dflash_args, output_ids, run_engines
 
 NUM_PROMPTS = 32
-BATCH_SIZES = (1, 4, 16)
-ONE_AT_A_TIME = 8  # prompts run at batch size 1: the slow part, and the path of 4 with one request
+# batch size -> prompts: one at a time is the slow part, and takes the path of 4 with one request
+BATCH_SIZES = {1: 8, 4: NUM_PROMPTS, 16: NUM_PROMPTS}
 GREEDY = {"max_new_tokens": 64, "temperature": 0.0}
 
 
-def _runs(prompts, batch_sizes=BATCH_SIZES):
-    return [
-        {"name": f"bs{bs}", "prompts": prompts[:ONE_AT_A_TIME] if bs == 1 else prompts, "batch_size": bs,
-         "sampling_params": GREEDY}
-        for bs in batch_sizes
-    ]
+def _runs(prompts, batch_sizes=tuple(BATCH_SIZES)):
+    return [{"name": f"bs{bs}", "prompts": prompts[:BATCH_SIZES[bs]], "batch_size": bs, "sampling_params": GREEDY}
+            for bs in batch_sizes]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +40,7 @@ def engines(prompts):
     at almost every position verifies once per token, the slow part."""
     jobs = {"plain": Job({}, _runs(prompts))}
     for drafter in DRAFTERS:
-        sizes = BATCH_SIZES if drafter == "drafter-trained" else BATCH_SIZES[-1:]
+        sizes = tuple(BATCH_SIZES) if drafter == "drafter-trained" else (16,)
         jobs[drafter] = Job(dflash_args(drafter), _runs(prompts, sizes))
     return dict(zip(jobs, run_engines(list(jobs.values()))))
 
@@ -51,7 +48,7 @@ def engines(prompts):
 def _check_identical(plain, spec):
     for name in spec:
         want, got = output_ids(plain[name]), output_ids(spec[name])
-        assert len(got) == len(want) == (ONE_AT_A_TIME if name == "bs1" else NUM_PROMPTS)
+        assert len(got) == len(want) == BATCH_SIZES[int(name.removeprefix("bs"))]
         for i, (w, g) in enumerate(zip(want, got)):
             assert g == w, f"{name} prompt {i}: DFLASH output differs from plain decoding"
 
@@ -109,7 +106,7 @@ def test_paged_context_and_static_draft_greedy_identical_to_plain(engines, promp
     and the same drafts as the gathered path (acceptance within float noise)."""
     gathered, paged_env = engines["drafter-trained"], {"SGLANG_DFLASH_PAGED_CONTEXT": "1"}
     # Batches of 4 and 16 only (CI time): both shrink to one request as theirs finish.
-    runs = _runs(prompts, BATCH_SIZES[1:])
+    runs = _runs(prompts, (4, 16))
     paged, (static, state) = run_engines([
         Job(dflash_args("drafter-trained"), runs, env=paged_env),
         Job(dflash_args("drafter-trained"), runs, True, {**paged_env, "SGLANG_DFLASH_STATIC_DRAFT": "1"})])

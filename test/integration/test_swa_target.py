@@ -18,9 +18,8 @@ always on with a drafter in SGLang's Laguna drafter layout
 """
 
 import pytest
-import torch
 
-from harness import Job, chat_prompts, output_ids, run_engines
+from harness import Job, chat_prompts, not_transformers_greedy, output_ids, run_engines
 from sglang_dflash.demo import tiny_paths
 
 NUM_PROMPTS = 8
@@ -56,17 +55,10 @@ def engines(prompts):
 
 
 def test_plain_serving_equals_transformers(engines, prompts):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(PATHS["swa-target"], dtype=torch.float32).eval()
     served = output_ids(engines["plain"]["bs4"])
-    for i, ids in enumerate(prompts):
-        with torch.no_grad():  # teacher-forced on the served tokens: its greedy choice at each
-            logits = model(torch.tensor([ids + served[i]])).logits[0, len(ids) - 1:-1]
-        want = logits.argmax(-1).tolist()
-        diff = [k for k, (w, g) in enumerate(zip(want, served[i])) if w != g]
-        assert len(served[i]) == GREEDY["max_new_tokens"] and not diff, (
-            f"prompt {i}: served tokens at {diff} are not transformers' greedy choice")
+    assert all(len(out) == GREEDY["max_new_tokens"] for out in served), [len(out) for out in served]
+    wrong = not_transformers_greedy(PATHS["swa-target"], prompts, served)
+    assert not wrong, f"{{prompt: positions}} not transformers' greedy choice: {wrong}"
 
 
 @pytest.mark.parametrize("case", list(CASES))

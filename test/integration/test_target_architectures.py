@@ -33,9 +33,8 @@ always on, with the ordinary radix cache.
 """
 
 import pytest
-import torch
 
-from harness import Job, chat_prompts, output_ids, run_engines
+from harness import Job, chat_prompts, not_transformers_greedy, output_ids, run_engines
 from sglang_dflash.demo import tiny_paths
 
 NUM_PROMPTS = 8
@@ -54,13 +53,14 @@ ENGINE = {"max_mamba_cache_size": 64, "chunked_prefill_size": 32, "dtype": "floa
 # LFM2 and Nemotron-H targets run with it, the other hybrids without a radix cache.
 RADIX = {"mamba_radix_cache_strategy": "no_buffer", "disable_overlap_schedule": True}
 NO_RADIX = {"disable_radix_cache": True}
-# An attention-only target keeps SGLang's ordinary radix cache.
-CACHE = {"dense": RADIX, "lfm2": RADIX, "nemotron": RADIX, "mla": {}}
-# MLA prefills through per-head K/V only a batch with no cached prefix: whole
+# Per target, engine settings over ENGINE (NO_RADIX unless given). An
+# attention-only target (MLA) keeps SGLang's ordinary radix cache. MLA
+# prefills through per-head K/V only a batch with no cached prefix: whole
 # prompts in one chunk make that the first batch's every prompt; the later
 # batches hit the chat template's cached prefix and extend through the latent.
-TARGET_ENGINE = {"mla": {"chunked_prefill_size": 512}}
-RADIX_TARGETS = tuple(CACHE)
+TARGET_ENGINE = {"dense": RADIX, "lfm2": RADIX, "nemotron": RADIX, "mla": {"chunked_prefill_size": 512}}
+# Targets served with a radix cache: each also serves its prompts extended.
+RADIX_TARGETS = ("dense", "lfm2", "nemotron", "mla")
 POLICIES = {"on": '{"mode": "on"}', "adaptive": '{"mode": "adaptive", "probe_interval": 8}'}
 # name -> (target, drafter, policies, batch sizes)
 TARGETS = {"dense": ("hybrid-target", "hybrid-drafter-trained", list(POLICIES), BATCH_SIZES),
@@ -107,8 +107,7 @@ def engines(inputs):
     for target, (model, drafter, policies, _) in TARGETS.items():
         runs = [{"name": name, "input_ids": ids, "batch_size": bs, "sampling_params": GREEDY}
                 for name, (ids, bs) in inputs[target].items()]
-        plain = {**ENGINE, **CACHE.get(target, NO_RADIX), **TARGET_ENGINE.get(target, {}),
-                 "model_path": PATHS[model]}
+        plain = {**ENGINE, **TARGET_ENGINE.get(target, NO_RADIX), "model_path": PATHS[model]}
         env = TARGET_ENV.get(target, {})
         jobs[target, "plain"] = Job(plain, runs, env=env)
         dflash = {**plain, "speculative_algorithm": "DFLASH", "speculative_draft_model_path": PATHS[drafter]}
@@ -119,19 +118,11 @@ def engines(inputs):
 
 @pytest.mark.parametrize("target", list(TARGETS))
 def test_plain_serving_equals_transformers(engines, inputs, target):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(PATHS[TARGETS[target][0]], dtype=torch.float32).eval()
     for name, (prompts, bs) in inputs[target].items():  # extend: served from the cached states
         if name != "extend" and bs != 4:
             continue  # the other batch sizes are checked against this one through DFLASH == plain
-        served = output_ids(engines[target, "plain"][name])
-        for i, ids in enumerate(prompts):
-            with torch.no_grad():  # teacher-forced on the served tokens: its greedy choice at each
-                logits = model(torch.tensor([ids + served[i]])).logits[0, len(ids) - 1:-1]
-            want = logits.argmax(-1).tolist()
-            diff = [k for k, (w, g) in enumerate(zip(want, served[i])) if w != g]
-            assert not diff, f"{target} {name} prompt {i}: served tokens at {diff} are not transformers' greedy choice"
+        wrong = not_transformers_greedy(PATHS[TARGETS[target][0]], prompts, output_ids(engines[target, "plain"][name]))
+        assert not wrong, f"{target} {name}: {{prompt: positions}} not transformers' greedy choice: {wrong}"
 
 
 @pytest.mark.parametrize("target,policy", CASES)
