@@ -8,8 +8,9 @@ before SGLang is imported, and the engine spawns processes):
 SPEC: {"engine": {sgl.Engine kwargs}, "runs": [{"name", "prompts" | "input_ids", "batch_size",
 "sampling_params"[, "lora_path": one per prompt][, "load_lora": {name: path}, loaded into the engine
 before the run][, "weights": [weight op, ...], applied before the run, their (success, message)
-recorded]}][, "gate": true]}. A weight op is {"op": "disk", "path"} (the engine's
-update_weights_from_disk) or {"op": "tensor", "path" | None, "selector"[, "extra": {name: shape}][, "load_format"]} (every tensor
+recorded][, "return_hidden_states": one per prompt, the states recorded in meta_info]}][, "gate":
+true]}. A weight op is {"op": "disk", "path"} (the engine's update_weights_from_disk) or
+{"op": "tensor", "path" | None, "selector"[, "extra": {name: shape}][, "load_format"]} (every tensor
 of the checkpoint at `path`, if any, plus zero tensors `extra`, through update_weights_from_tensor
 inside begin / end_weight_update with that selector) or {"op": "distributed", "path", "selector"}
 (the same tensors broadcast by a trainer, a thread here, rank 0 of a gloo group the engine joins,
@@ -139,6 +140,10 @@ def _distributed_update(engine, named, selector):
     return [success, message]
 
 
+META_KEYS = ("finish_reason", "completion_tokens", "spec_accept_length", "spec_verify_ct", "num_retractions",
+             "cached_tokens", "prompt_tokens")
+
+
 def _run(engine, run):
     weights = [_weight_op(engine, op) for op in run.get("weights", [])]
     items = run.get("input_ids") or run["prompts"]
@@ -147,23 +152,19 @@ def _run(engine, run):
     for name, path in run.get("load_lora", {}).items():
         engine.load_lora_adapter(name, path)
     loras = run.get("lora_path")
+    hidden = run.get("return_hidden_states")  # one per prompt
     results = []
     t0 = time.time()
     for start in range(0, len(items), bs):
         group = items[start : start + bs]
         extra = {} if loras is None else {"lora_path": loras[start : start + bs]}
+        if hidden is not None:
+            extra["return_hidden_states"] = hidden[start : start + bs]
         outs = engine.generate(**{key: group}, sampling_params=run["sampling_params"], **extra)
         for out in outs:
-            results.append(
-                {
-                    "output_ids": out["output_ids"],
-                    "text": out.get("text"),
-                    "meta_info": {
-                        k: out["meta_info"].get(k)
-                        for k in ("finish_reason", "completion_tokens", "spec_accept_length", "spec_verify_ct", "num_retractions", "cached_tokens")
-                    },
-                }
-            )
+            keys = META_KEYS + (("hidden_states",) if hidden is not None else ())
+            meta = {k: out["meta_info"].get(k) for k in keys}
+            results.append({"output_ids": out["output_ids"], "text": out.get("text"), "meta_info": meta})
     return {"name": run["name"], "seconds": time.time() - t0, "results": results, "weights": weights}
 
 
@@ -174,8 +175,8 @@ def fork_engine_processes() -> None:
     one core apiece, the larger part of an engine's start-up here); a fork
     inherits this process's imports. Test speed only: what a fork can hide (a
     child that would not load our plugin or our CPU runtime by itself) is
-    covered by the tests that launch real servers (`harness.launch_server`),
-    which keep SGLang's spawn. ENGINE_START_METHOD=spawn restores it here."""
+    covered by the tests that launch real servers (`harness.start_servers`,
+    `launch_to_failure`), which keep SGLang's spawn. ENGINE_START_METHOD=spawn restores it here."""
     if os.environ.get("ENGINE_START_METHOD", "fork") != "fork":
         return
     import multiprocessing

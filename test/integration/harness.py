@@ -86,6 +86,23 @@ def not_transformers_greedy(model_path: str, prompts: list[list[int]], served: l
     return wrong
 
 
+def hidden_state_rows(hidden) -> list[list[float]]:
+    """meta_info["hidden_states"] as a list of rows: with return_hidden_states
+    True a prefill's rows come as one list, then a row per decoded token; with
+    "last" it is one row."""
+    if hidden and isinstance(hidden[0], float):
+        return [hidden]
+    rows = []
+    for item in hidden:
+        rows.extend(item if item and isinstance(item[0], list) else [item])
+    return rows
+
+
+def max_row_difference(got: list[list[float]], want: list[list[float]]) -> float:
+    """Largest elementwise difference of two equally shaped lists of rows."""
+    return max(abs(a - b) for g, w in zip(got, want, strict=True) for a, b in zip(g, w, strict=True))
+
+
 def run_engine(engine_kwargs: dict, runs: list[dict], timeout: int = 2400, with_state: bool = False,
                env: dict | None = None):
     """Start one engine in a subprocess, execute `runs`, return {name: run}

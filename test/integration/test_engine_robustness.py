@@ -1,10 +1,11 @@
 """The draft side stays consistent through chunked prefill, radix-cache prefix
 hits, mixed chunked prefill, retraction under KV pressure, and long prompts:
-greedy DFLASH output equals plain decoding under the same engine settings."""
+greedy DFLASH output equals plain decoding under the same engine settings, and
+so do the target's hidden states returned beside it (`return_hidden_states`)."""
 
 import pytest
 
-from harness import Job, chat_prompts, dflash_args, output_ids, run_engines
+from harness import Job, chat_prompts, dflash_args, hidden_state_rows, max_row_difference, output_ids, run_engines
 
 GREEDY = {"max_new_tokens": 48, "temperature": 0.0}
 
@@ -88,3 +89,33 @@ def test_retraction_under_kv_pressure():
     assert output_ids(spec["all"]) == output_ids(plain["all"])
     retractions = sum(r["meta_info"]["num_retractions"] or 0 for r in spec["all"]["results"])
     assert retractions > 0, "the setting no longer forces a retraction; shrink max_total_tokens"
+
+
+def test_returned_hidden_states_equal_plain(prompts):
+    """`return_hidden_states` through the engine API, per prompt True, "last"
+    or none in one batch, with prompts prefilled in chunks of 32 (only a
+    prompt's last chunk returns rows, as plain serving does) and served again
+    from the radix cache (only the uncached rows return): the target's final
+    states equal plain decoding's within float noise (a verify computes a block
+    of rows at once), the token ids exactly."""
+    asks = [True, "last", False, True] * 2
+    runs = [{"name": "first", "prompts": prompts[:8], "batch_size": 4, "sampling_params": GREEDY,
+             "return_hidden_states": asks},
+            {"name": "again", "prompts": prompts[:4], "batch_size": 4, "sampling_params": GREEDY,
+             "return_hidden_states": asks[:4]}]
+    settings = dict(chunked_prefill_size=32, enable_return_hidden_states=True)
+    plain, spec = run_engines([Job(settings, runs), Job({**settings, **dflash_args("drafter-trained")}, runs)])
+    for name in plain:
+        assert output_ids(spec[name]) == output_ids(plain[name]), name
+        for i, (want, got) in enumerate(zip(plain[name]["results"], spec[name]["results"], strict=True)):
+            if not asks[i]:
+                assert got["meta_info"]["hidden_states"] is None, (name, i)
+                continue
+            expected = hidden_state_rows(want["meta_info"]["hidden_states"])
+            rows = hidden_state_rows(got["meta_info"]["hidden_states"])
+            assert len(rows) == len(expected) and len(expected) >= (1 if asks[i] == "last" else 2), (name, i)
+            assert max_row_difference(rows, expected) < 1e-3, (name, i)
+    cached = [r["meta_info"]["cached_tokens"] for r in spec["again"]["results"]]
+    assert all(cached), f"the second pass should hit the radix cache: {cached}"
+    assert sum(r["meta_info"]["spec_verify_ct"] for r in spec["first"]["results"]) < \
+        sum(r["meta_info"]["completion_tokens"] for r in spec["first"]["results"])  # drafts accepted

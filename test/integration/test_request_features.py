@@ -1,6 +1,7 @@
 """Request features under DFLASH against the same server without speculation (the
 oracle): penalties, min_new_tokens, logit bias, logprobs (native and OpenAI),
-structured output (regex, JSON schema, EBNF, json_object), sessions, and a mixed batch.
+structured output (regex, JSON schema, EBNF, json_object), sessions, returned hidden states,
+and a mixed batch.
 The demo pair, so drafts are often accepted and every verified position matters.
 
 The plain oracle runs without the overlap scheduler: there SGLang counts every
@@ -16,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from harness import start_servers
+from harness import hidden_state_rows, max_row_difference, start_servers
 from sglang_dflash.demo import demo_pair
 
 EGGS = ("<|im_start|>user\nJanet has 16 eggs and eats 3. How many are left?<|im_end|>\n"
@@ -31,7 +32,7 @@ PROMPTS = [
 def _args(spec: bool, sync: bool = False) -> list[str]:
     target, drafter = demo_pair()
     args = ["--model-path", target, "--dtype", "float32", "--grammar-backend", "xgrammar",
-            "--enable-custom-logit-processor"]
+            "--enable-custom-logit-processor", "--enable-return-hidden-states"]
     if spec:
         args += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drafter]
     if sync:
@@ -297,12 +298,27 @@ def test_parallel_samples_n2(servers):
     assert all(o["meta_info"]["completion_tokens"] > 0 for o in outs)
 
 
-def test_return_hidden_states_is_refused_and_server_keeps_serving(servers):
-    plain, dflash = servers
-    r = requests.post(dflash.url + "/generate", json={
-        "text": EGGS, "sampling_params": {"max_new_tokens": 8}, "return_hidden_states": True}, timeout=120)
-    assert r.status_code == 400 and "return_hidden_states" in r.text, (r.status_code, r.text)
-    assert _gen(dflash, EGGS)["output_ids"] == _gen(plain, EGGS)["output_ids"]
+def test_return_hidden_states_equal_plain(all_servers):
+    """The target's final hidden states over HTTP, every prompt row and one per
+    token, as plain decoding returns them: DFLASH always on (verify rows; a last
+    verify step that runs past the output's end has those rows dropped) under
+    the overlap scheduler, and with speculation off (W = 0 decode rows), beside
+    requests that ask for none. Equal within float noise: a verify computes a
+    block of rows at once. A prompt no server has seen: a cached prefix's rows
+    are not returned. ("last" is an engine API value: test_engine_robustness.)"""
+    plain, dflash, off = all_servers
+    text = "Hidden states. " + EGGS
+    want = _gen(plain, text, max_new_tokens=27, return_hidden_states=True)["meta_info"]
+    expected = hidden_state_rows(want["hidden_states"])
+    assert want["cached_tokens"] == 0 and len(expected) == want["prompt_tokens"] + want["completion_tokens"] - 1
+    asking = dict(text=text, max_new_tokens=27, return_hidden_states=True)
+    for server in (dflash, off):
+        got, _ = _concurrent_equal_plain(server, plain, [asking, dict(text=PROMPTS[1]), dict(text=PROMPTS[2])])
+        assert "hidden_states" not in got[1]["meta_info"]
+        rows = hidden_state_rows(got[0]["meta_info"]["hidden_states"])
+        assert len(rows) == len(expected), (len(rows), len(expected))
+        assert max_row_difference(rows, expected) < 1e-3
+    assert _gen(dflash, EGGS, max_new_tokens=27)["meta_info"]["spec_verify_ct"] < 27
 
 
 def test_off_path_request_features_equal_plain(all_servers):

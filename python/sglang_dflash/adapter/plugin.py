@@ -52,9 +52,16 @@ def sampling_verify_available() -> bool:
     return True
 
 
-def _serves_dflash(manager) -> bool:
-    algorithm = getattr(getattr(manager, "server_args", None), "speculative_algorithm", None)
-    return str(algorithm).upper() == "DFLASH"
+DFLASH_REQUEST_TARGET = "sglang.srt.speculative.dflash_utils.validate_dflash_request"
+
+
+def dflash_request_allowed(req, enable_overlap) -> None:
+    """SGLang refuses `return_hidden_states` under DFLASH with the overlap
+    scheduler (its worker drops the target's states after drafting, so it
+    returns none under the other scheduler either); ours returns the target's
+    final states per emitted token under both (worker.py). Nothing else is
+    checked there."""
+    return None
 
 
 VALIDATE_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
@@ -62,10 +69,7 @@ VALIDATE_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._valid
 
 def check_input_ids(manager, obj, input_ids, *args, **kwargs):
     """BEFORE SGLang's request validation: token ids outside the vocabulary are a
-    bad request (400), not an IndexError that takes the scheduler down; under
-    DFLASH, so is `return_hidden_states` (the worker returns no per-token states)."""
-    if getattr(obj, "return_hidden_states", False) and _serves_dflash(manager):
-        raise ValueError("return_hidden_states is not supported with sglang-dflash DFLASH")
+    bad request (400), not an IndexError that takes the scheduler down."""
     if input_ids:
         vocab = manager.model_config.vocab_size
         bad = next((t for t in input_ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
@@ -113,6 +117,11 @@ def register() -> None:
     HookRegistry.register(MODEL_LOADER_TARGET, register_model_classes, HookType.BEFORE)
     HookRegistry.register(VALIDATE_TARGET, check_input_ids, HookType.BEFORE)
     HookRegistry.register(SAMPLING_VERIFY_TARGET, sampling_verify_available, HookType.REPLACE)
+    HookRegistry.register(DFLASH_REQUEST_TARGET, dflash_request_allowed, HookType.REPLACE)
+    from sglang_dflash.adapter import returned_states
+
+    HookRegistry.register(returned_states.LOGITS_PROCESSOR_TARGET, returned_states.keep_final_states,
+                          HookType.AFTER)
     from sglang_dflash.adapter import cpu_parallel
 
     HookRegistry.register(cpu_parallel.PARALLEL_GROUP_TARGET, cpu_parallel.no_pynccl_on_cpu,

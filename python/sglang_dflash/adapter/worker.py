@@ -56,6 +56,7 @@ from sglang_dflash.context import DraftContext, DraftKVCache, GatheredContext
 from sglang_dflash.draft import make_blocks, plan_commit
 from sglang_dflash.model import PagedContext
 from sglang_dflash.adapter.disaggregation import ContextPoolView
+from sglang_dflash.adapter import returned_states
 from sglang_dflash.adapter.linear_state import commit_accepted_state, has_linear_state, prefix_cache_track
 from sglang_dflash.adapter.server_args import policy_config
 from sglang_dflash.adapter.tensor_parallel import local_row, tensor_parallel, vocab_head
@@ -133,6 +134,7 @@ class DFlashWorker(BaseSpecWorker):
         # The drafter is not a TpModelWorker: no draft runner, graphs or pools.
         self._draft_worker = None
         self.model_runner = target_worker.model_runner
+        returned_states.check_keeps_final_states(self.model_runner.model)
         self.device = target_worker.device
         spec = get_spec()  # resolved arguments (server_args holds the raw ones)
         self.block_size = int(spec.speculative_num_draft_tokens)
@@ -421,7 +423,8 @@ class DFlashWorker(BaseSpecWorker):
             self.context.commit(hidden.clone(), positions, batch.out_cache_loc, defer=True)
         else:
             self.context.commit(hidden, positions, batch.out_cache_loc)
-        out.logits_output.hidden_states = None
+        final = returned_states.take_final_states(out.logits_output)
+        out.logits_output.hidden_states = returned_states.prefill_states(batch, final)
         out.new_seq_lens = batch.seq_lens
         if on_publish is not None:
             on_publish(out.new_seq_lens)
@@ -498,7 +501,8 @@ class DFlashWorker(BaseSpecWorker):
         # writes again before any draft reads it (DraftKVCache's invariant).
         hidden = logits_output.hidden_states.view(bs * num_verify, -1)
         self.context.commit(hidden, positions.reshape(-1), cache_loc.reshape(-1))
-        logits_output.hidden_states = None
+        final = returned_states.take_final_states(logits_output)
+        logits_output.hidden_states = returned_states.decode_states(batch, final, num_verify, self.block_size)
         self._pending_steps.append((width, bs, self.policy.steps - 1))
         return self._step_result(logits_output, result.tokens, result.bonus, plan.commit_lens, plan.new_seq_lens)
 
@@ -536,7 +540,8 @@ class DFlashWorker(BaseSpecWorker):
         hidden = logits_output.hidden_states
         self.context.commit(hidden.clone() if self.context.deferrable else hidden, prefix, cache_loc[:, 0],
                             defer=True)
-        logits_output.hidden_states = None
+        final = returned_states.take_final_states(logits_output)
+        logits_output.hidden_states = returned_states.decode_states(batch, final, 1, self.block_size)
         self._pending_steps.append((0, bs, self.policy.steps - 1))
         return self._step_result(logits_output, bonus.unsqueeze(1), bonus, None, new_seq_lens)
 
