@@ -14,7 +14,8 @@ vocab-parallel candidate merge matters):
 * --dp-size 2 serves DFLASH, each replica with its own policy, identical to
   DFLASH on one rank;
 * drafter weight updates reach both ranks' replicated drafters
-  (update_weights_from_tensor and update_weights_from_distributed).
+  (update_weights_from_tensor and update_weights_from_distributed), and a
+  target update from disk serves as plain --tp 2 on the new weights.
 """
 
 import threading
@@ -186,35 +187,45 @@ def _randomized(drafter, out):
                               if v.dim() > 1 else v)
 
 
-def test_drafter_weight_updates_under_tp2(demo, dflash_tp1, tmp_path):
+def test_weight_updates_under_tp2(demo, dflash_tp1, tmp_path):
     """A --tp 2 server started with a random drafter of the demo drafter's shape
     takes the demo drafter's tensors (update_weights_from_tensor, selector
     "draft"), then the random ones again (update_weights_from_distributed, from a
     trainer broadcasting to both ranks over gloo). Output stays DFLASH --tp 1's;
     both ranks report the same drafter checksums after each update; the trained
-    tensors make drafts accepted, the random ones restore the start's checksums."""
+    tensors make drafts accepted, the random ones restore the start's checksums.
+    Then the target's weights from disk (a noised copy, both ranks loading their
+    shards; the drafter keeps its own and reads the target's embedding and head):
+    output equals plain --tp 2 started on that copy, which differs from the
+    original's."""
     random_drafter = _randomized(demo["drafter"], tmp_path / "random")
+    gen = torch.Generator().manual_seed(1)
+    target2 = rewrite_checkpoint(demo["target"], tmp_path / "target2", lambda k, v: v + 0.3 * v.std() * torch.randn(
+        v.shape, generator=gen) if v.dim() > 1 else v)
     check = {"op": "check", "selector": "draft"}
 
-    def gen(name, *ops):
+    def run(name, *ops):
         return {"name": name, "prompts": demo["prompts"][:8], "batch_size": 8, "sampling_params": GREEDY,
                 "weights": list(ops)}
 
-    runs = run_engine(_engine(demo, tp_size=2, speculative_algorithm="DFLASH",
-                              speculative_draft_model_path=random_drafter), [
-        gen("random", check),
-        gen("trained", {"op": "tensor", "path": demo["drafter"], "selector": "draft"}, check),
-        gen("back", {"op": "distributed", "path": random_drafter, "selector": "draft"}, check),
-    ])
+    runs, plain2 = run_engines([
+        Job(_engine(demo, tp_size=2, speculative_algorithm="DFLASH", speculative_draft_model_path=random_drafter), [
+            run("random", check),
+            run("trained", {"op": "tensor", "path": demo["drafter"], "selector": "draft"}, check),
+            run("back", {"op": "distributed", "path": random_drafter, "selector": "draft"}, check),
+            run("target2", {"op": "tensor", "path": demo["drafter"], "selector": "draft"},
+                {"op": "disk", "path": target2}, check)]),
+        Job({**_engine(demo, tp_size=2), "model_path": target2}, [run("target2")])])
     want = _ids(dflash_tp1["bs8"])[:8]
     sums, accept = {}, {}
-    for name, run in runs.items():
-        assert _ids(run) == want, name
-        *updates, (ok, _, ranks) = run["weights"]
-        assert ok and all(u[0] for u in updates), run["weights"]
+    for name, result in runs.items():
+        assert _ids(result) == (_ids(plain2["target2"]) if name == "target2" else want), name
+        *updates, (ok, _, ranks) = result["weights"]
+        assert ok and all(u[0] for u in updates), result["weights"]
         assert len(ranks) == 2 and ranks[0] == ranks[1], f"{name}: the ranks' drafters differ"
         sums[name] = ranks[0]
-        lengths = [r["meta_info"]["spec_accept_length"] for r in run["results"]]
+        lengths = [r["meta_info"]["spec_accept_length"] for r in result["results"]]
         accept[name] = sum(lengths) / len(lengths)
-    assert sums["trained"] != sums["random"] == sums["back"]
+    assert sums["trained"] != sums["random"] == sums["back"] and sums["target2"] == sums["trained"]
     assert accept["trained"] > 1.5 > max(accept["random"], accept["back"]), accept
+    assert _ids(plain2["target2"]) != want  # the new target's output is its own
