@@ -153,6 +153,7 @@ def _run(engine, run):
         engine.load_lora_adapter(name, path)
     loras = run.get("lora_path")
     hidden = run.get("return_hidden_states")  # one per prompt
+    keys = META_KEYS + (("hidden_states",) if hidden is not None else ())
     results = []
     t0 = time.time()
     for start in range(0, len(items), bs):
@@ -162,7 +163,6 @@ def _run(engine, run):
             extra["return_hidden_states"] = hidden[start : start + bs]
         outs = engine.generate(**{key: group}, sampling_params=run["sampling_params"], **extra)
         for out in outs:
-            keys = META_KEYS + (("hidden_states",) if hidden is not None else ())
             meta = {k: out["meta_info"].get(k) for k in keys}
             results.append({"output_ids": out["output_ids"], "text": out.get("text"), "meta_info": meta})
     return {"name": run["name"], "seconds": time.time() - t0, "results": results, "weights": weights}

@@ -4,6 +4,7 @@ server processes. Everything runs the real SGLang engine / HTTP server."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 import requests
+import torch
 
 from sglang_dflash.cli import CPU_ENGINE_DEFAULTS
 from sglang_dflash.demo import tiny_paths
@@ -58,6 +60,20 @@ def rewrite_checkpoint(src: str, dst, transform) -> str:
     return str(dst)
 
 
+def noised_copy(src: str, dst, scale: float, gen: torch.Generator) -> str:
+    """A copy of the checkpoint `src` with `scale` x its own std of noise drawn
+    from `gen` added to each matrix (vectors, e.g. norms, kept)."""
+    return rewrite_checkpoint(src, dst, lambda k, v: v + scale * v.std() * torch.randn(v.shape, generator=gen)
+                              if v.dim() > 1 else v)
+
+
+def redrawn_copy(src: str, dst, gen: torch.Generator) -> str:
+    """A copy of the checkpoint `src` with each matrix redrawn from `gen` at its
+    own scale (vectors kept): same shapes, none of the trained weights."""
+    return rewrite_checkpoint(src, dst, lambda k, v: torch.randn(v.shape, generator=gen) * v.std()
+                              if v.dim() > 1 else v)
+
+
 def dflash_args(drafter: str) -> dict:
     return dict(speculative_algorithm="DFLASH", speculative_draft_model_path=PATHS[drafter])
 
@@ -67,15 +83,21 @@ def output_ids(run: dict) -> list[list[int]]:
     return [r["output_ids"] for r in run["results"]]
 
 
+@functools.lru_cache(maxsize=1)
+def _reference_model(model_path: str):
+    """The transformers float32 model at `model_path`, loaded once for a file's
+    consecutive checks of the same target."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+
+
 def not_transformers_greedy(model_path: str, prompts: list[list[int]], served: list[list[int]]) -> dict:
     """{prompt index: positions} where a served token is not transformers'
     greedy choice (float32), teacher-forced on the served tokens: each position
     is judged on the served prefix, so one divergence shows once, not as a
     cascade. Empty when plain serving matches the reference."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    model = _reference_model(model_path)
     wrong = {}
     for i, (ids, got) in enumerate(zip(prompts, served)):
         with torch.no_grad():
@@ -101,6 +123,21 @@ def hidden_state_rows(hidden) -> list[list[float]]:
 def max_row_difference(got: list[list[float]], want: list[list[float]]) -> float:
     """Largest elementwise difference of two equally shaped lists of rows."""
     return max(abs(a - b) for g, w in zip(got, want, strict=True) for a, b in zip(g, w, strict=True))
+
+
+def assert_same_hidden_states(want: dict, got: dict, asks: list, label: str, tol: float = 1e-3) -> None:
+    """Two runs' returned hidden states (return_hidden_states per prompt:
+    True, "last" or False) agree row for row within `tol` (a verify computes a
+    block of rows at once, so float noise, not identity); a prompt that asked
+    none got none."""
+    for i, (a, b) in enumerate(zip(want["results"], got["results"], strict=True)):
+        if not asks[i]:
+            assert b["meta_info"]["hidden_states"] is None, (label, i)
+            continue
+        expected = hidden_state_rows(a["meta_info"]["hidden_states"])
+        rows = hidden_state_rows(b["meta_info"]["hidden_states"])
+        assert len(rows) == len(expected) and len(expected) >= (1 if asks[i] == "last" else 2), (label, i)
+        assert max_row_difference(rows, expected) < tol, (label, i)
 
 
 def run_engine(engine_kwargs: dict, runs: list[dict], timeout: int = 2400, with_state: bool = False,

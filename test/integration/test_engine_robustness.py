@@ -5,7 +5,7 @@ so do the target's hidden states returned beside it (`return_hidden_states`)."""
 
 import pytest
 
-from harness import Job, chat_prompts, dflash_args, hidden_state_rows, max_row_difference, output_ids, run_engines
+from harness import Job, assert_same_hidden_states, chat_prompts, dflash_args, output_ids, run_engines
 
 GREEDY = {"max_new_tokens": 48, "temperature": 0.0}
 
@@ -107,14 +107,7 @@ def test_returned_hidden_states_equal_plain(prompts):
     plain, spec = run_engines([Job(settings, runs), Job({**settings, **dflash_args("drafter-trained")}, runs)])
     for name in plain:
         assert output_ids(spec[name]) == output_ids(plain[name]), name
-        for i, (want, got) in enumerate(zip(plain[name]["results"], spec[name]["results"], strict=True)):
-            if not asks[i]:
-                assert got["meta_info"]["hidden_states"] is None, (name, i)
-                continue
-            expected = hidden_state_rows(want["meta_info"]["hidden_states"])
-            rows = hidden_state_rows(got["meta_info"]["hidden_states"])
-            assert len(rows) == len(expected) and len(expected) >= (1 if asks[i] == "last" else 2), (name, i)
-            assert max_row_difference(rows, expected) < 1e-3, (name, i)
+        assert_same_hidden_states(plain[name], spec[name], asks, name)
     cached = [r["meta_info"]["cached_tokens"] for r in spec["again"]["results"]]
     assert all(cached), f"the second pass should hit the radix cache: {cached}"
     assert sum(r["meta_info"]["spec_verify_ct"] for r in spec["first"]["results"]) < \

@@ -24,7 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness import PATHS, TARGET, Job, chat_prompts, output_ids, rewrite_checkpoint, run_engines
+from harness import PATHS, TARGET, Job, chat_prompts, noised_copy, output_ids, redrawn_copy, run_engines
 
 SAMPLING = {"max_new_tokens": 48, "temperature": 0}
 MASK_ID = 3  # the tiny drafters' mask_token_id
@@ -34,13 +34,8 @@ MASK_ID = 3  # the tiny drafters' mask_token_id
 def ckpt(tmp_path_factory):
     root = tmp_path_factory.mktemp("weights")
     gen = torch.Generator().manual_seed(0)
-
-    def noise(scale):
-        return lambda k, v: v + scale * v.std() * torch.randn(v.shape, generator=gen) if v.dim() > 1 else v
-
-    new_target = rewrite_checkpoint(TARGET, root / "target2", noise(0.3))
-    random_drafter = rewrite_checkpoint(PATHS["drafter-trained"], root / "drafter-random-weights",
-                              lambda k, v: torch.randn(v.shape, generator=gen) * v.std() if v.dim() > 1 else v)
+    new_target = noised_copy(TARGET, root / "target2", 0.3, gen)
+    random_drafter = redrawn_copy(PATHS["drafter-trained"], root / "drafter-random-weights", gen)
     trained = str(shutil.copytree(PATHS["drafter-trained"], root / "drafter-trained-mask"))
     row = load_file(os.path.join(TARGET, "model.safetensors"))["model.embed_tokens.weight"][MASK_ID]
     mask = {"embedding": row + 0.5 * row.std() * torch.randn(row.shape, generator=gen), "mask_token_id": MASK_ID}
