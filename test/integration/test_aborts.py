@@ -1,11 +1,21 @@
-"""Aborts keep both sides consistent: a request aborted through /abort_request
-and a streaming client that disconnects mid-generation, each while other
-requests decode in the same batch. The survivors' greedy output equals their
-output before any abort, and afterwards every prompt run alone reproduces its
-earlier output AND its earlier acceptance (the same verify steps): a leaked or
-stale drafter context would change acceptance, a leaked or stale target KV
-slot would change the tokens (and SGLang's idle-time leak check would stop
-the scheduler)."""
+"""Aborts and pauses keep both sides consistent.
+
+Aborts: a request aborted through /abort_request and a streaming client that
+disconnects mid-generation, each while other requests decode in the same
+batch. The survivors' greedy output equals their output before any abort, and
+afterwards every prompt run alone reproduces its earlier output AND its
+earlier acceptance (the same verify steps): a leaked or stale drafter context
+would change acceptance, a leaked or stale target KV slot would change the
+tokens (and SGLang's idle-time leak check would stop the scheduler).
+
+Pauses (/pause_generation, /continue_generation, as RL trainers drive a
+server between weight updates), each while four requests decode: "retract"
+(every request back to the queue, its KV and drafter context rebuilt on
+resume) and "in_place" (the batch held) finish with the tokens the same
+requests produce unpaused; "abort" ends them; and pause "retract", a target
+update from disk, continue serves each request's tokens before the pause
+from the old target and every token after it from the new one (judged
+token by token against transformers' greedy choice of each)."""
 
 import json
 import threading
@@ -13,8 +23,9 @@ import time
 
 import pytest
 import requests
+import torch
 
-from harness import PATHS, TARGET, Server, chat_prompts
+from harness import PATHS, TARGET, Server, chat_prompts, noised_copy, not_transformers_greedy
 
 MAX_NEW = 48
 LONG = {"max_new_tokens": 1200, "temperature": 0.0, "ignore_eos": True}
@@ -106,3 +117,104 @@ def test_abort_request_and_client_disconnect(server, prompts):
     for prompt, want in zip(prompts, before):
         assert _summary(_generate(server, prompt)) == _summary(want)
     assert requests.get(server.url + "/health_generate", timeout=60).status_code == 200
+
+
+PAUSED = {"max_new_tokens": 400, "temperature": 0.0, "ignore_eos": True}
+
+
+class _Streams:
+    """One streaming /generate per prompt (token ids), each in a thread that
+    keeps its last chunk; `wait_decoding` returns once every one has streamed
+    a few chunks, so a pause then lands mid-decode."""
+
+    def __init__(self, server, prompts):
+        self.last = [None] * len(prompts)
+        self.started = [threading.Event() for _ in prompts]
+        self.threads = [threading.Thread(target=self._run, args=(server, i, p)) for i, p in enumerate(prompts)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, server, i, prompt):
+        body = {"input_ids": prompt, "sampling_params": PAUSED, "stream": True}
+        with requests.post(server.url + "/generate", json=body, stream=True, timeout=600) as r:
+            chunks = 0
+            for line in r.iter_lines():
+                if line.startswith(b"data:") and line != b"data: [DONE]":
+                    self.last[i] = json.loads(line[5:])
+                    chunks += 1
+                    if chunks == 3:
+                        self.started[i].set()
+        self.started[i].set()
+
+    def wait_decoding(self):
+        for event in self.started:
+            assert event.wait(600)
+        assert all(t.is_alive() for t in self.threads), "a request finished before the pause"
+
+    def join(self):
+        for t in self.threads:
+            t.join(timeout=600)
+        return self.last
+
+
+def _post(server, path, body=None):
+    r = requests.post(server.url + path, json=body or {}, timeout=300)
+    assert r.status_code == 200, (path, r.status_code, r.text)
+    return r.json()
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(prompts):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(TARGET)
+    return [tok(p)["input_ids"] for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def unpaused(server, prompt_ids):
+    streams = _Streams(server, prompt_ids)
+    return [out["output_ids"] for out in streams.join()]
+
+
+@pytest.mark.parametrize("mode", ["retract", "in_place", "abort"])
+def test_pause_and_continue(server, prompt_ids, unpaused, mode):
+    streams = _Streams(server, prompt_ids)
+    streams.wait_decoding()
+    _post(server, "/pause_generation", {"mode": mode})
+    time.sleep(1.0)
+    _post(server, "/continue_generation")
+    outs = streams.join()
+    if mode == "abort":
+        assert all(o["meta_info"]["finish_reason"]["type"] == "abort" for o in outs), outs
+        assert all(len(o["output_ids"]) < PAUSED["max_new_tokens"] for o in outs)
+        streams = _Streams(server, prompt_ids)  # and the server serves them as before
+        outs = streams.join()
+    assert [o["output_ids"] for o in outs] == unpaused
+    retracted = [o["meta_info"]["num_retractions"] for o in outs]
+    assert all(retracted) if mode == "retract" else not any(retracted), retracted
+
+
+def test_pause_update_target_continue(server, prompt_ids, tmp_path):
+    """The RL loop: pause (retract), load new target weights from disk, continue.
+    Each request's tokens are the old target's greedy choices up to some point
+    and the new target's from there on (teacher-forced: every position judged
+    on the served prefix), and the new target does choose differently. The
+    original weights are loaded back after."""
+    new_target = noised_copy(TARGET, tmp_path / "target2", 0.3, torch.Generator().manual_seed(1))
+    streams = _Streams(server, prompt_ids)
+    streams.wait_decoding()
+    _post(server, "/pause_generation", {"mode": "retract"})
+    try:
+        assert _post(server, "/update_weights_from_disk", {"model_path": new_target})["success"]
+    finally:
+        _post(server, "/continue_generation")
+    outs = [o["output_ids"] for o in streams.join()]
+    assert _post(server, "/update_weights_from_disk", {"model_path": TARGET})["success"]
+    assert all(len(o) == PAUSED["max_new_tokens"] for o in outs)
+    not_old = not_transformers_greedy(TARGET, prompt_ids, outs)
+    not_new = not_transformers_greedy(new_target, prompt_ids, outs)
+    for i in range(len(outs)):
+        assert not_old.get(i), f"prompt {i}: no token differs from the old target's choice"
+        assert max(not_new.get(i, [-1])) < min(not_old[i]), \
+            f"prompt {i}: new-target tokens before old-target ones: {not_new.get(i)} / {not_old[i]}"

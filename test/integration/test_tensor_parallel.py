@@ -8,6 +8,7 @@ vocab-parallel candidate merge matters):
   with the adaptive policy (rank 0's widths broadcast) and
   SGLANG_DFLASH_TP_CHECK=1, which all-gathers every step's verified tokens and
   stops the server if the ranks ever disagree;
+* return_hidden_states at --tp 2 returns plain --tp 2's final states;
 * sampling at --tp 2 keeps the target's distribution (chi-square homogeneity
   against plain --tp 2 and fit to the exact distribution, as in test_sampling.py);
 * an aborted request under --tp 2 leaves the server serving the same output;
@@ -25,7 +26,7 @@ import pytest
 import requests
 import torch
 
-from harness import Job, Server, rewrite_checkpoint, run_engine, run_engines
+from harness import Job, Server, assert_same_hidden_states, noised_copy, redrawn_copy, run_engine, run_engines
 from sampling_power import (P_MIN, SAMPLING, exact_distributions, feature_probs, mean_accept, min_fit_p, min_p,
                             sampled_features, sampling_prompt, simulated_power)
 
@@ -64,6 +65,14 @@ def _greedy_runs(demo):
              "sampling_params": GREEDY} for bs, n in BATCH_SIZES.items()]
 
 
+HIDDEN_ASKS = [True, "last", False, True]
+
+
+def _hidden_states_run(demo):
+    return {"name": "hidden", "prompts": demo["prompts"][-4:], "batch_size": 4, "sampling_params": GREEDY,
+            "return_hidden_states": HIDDEN_ASKS}
+
+
 def _sampling_run(demo):
     return {"name": "sampled", "prompts": [demo["sampled_prompt"]] * N_SAMPLES,
             "batch_size": 256, "sampling_params": SAMPLING}
@@ -74,10 +83,12 @@ def engines(demo):
     """Plain --tp 2, DFLASH --tp 1 and DFLASH --tp 2 (adaptive, ranks checked
     against each other every step), started together."""
     tp2_env = {"SGLANG_DFLASH_POLICY": ADAPTIVE, "SGLANG_DFLASH_TP_CHECK": "1"}
+    tp2 = dict(tp_size=2, enable_return_hidden_states=True)
+    tp2_runs = _greedy_runs(demo) + [_sampling_run(demo), _hidden_states_run(demo)]
     return run_engines([
-        Job(_engine(demo, tp_size=2), _greedy_runs(demo) + [_sampling_run(demo)]),
+        Job(_engine(demo, **tp2), tp2_runs),
         Job(_engine(demo, **_dflash(demo)), _greedy_runs(demo)),
-        Job(_engine(demo, tp_size=2, **_dflash(demo)), _greedy_runs(demo) + [_sampling_run(demo)], True, tp2_env),
+        Job(_engine(demo, **tp2, **_dflash(demo)), tp2_runs, True, tp2_env),
     ])
 
 
@@ -116,6 +127,14 @@ def test_greedy_tp2_identical_to_plain_tp2_and_to_tp1(plain_tp2, dflash_tp1, dfl
     lengths = [r["meta_info"]["spec_accept_length"] for r in runs["bs1"]["results"]]
     assert sum(lengths) / len(lengths) > 2.0, lengths  # the trained drafter really speculates
     assert state["policy"]["mode"] == "adaptive" and state["steps"] > 0
+
+
+def test_returned_hidden_states_tp2_equal_plain_tp2(plain_tp2, dflash_tp2):
+    """return_hidden_states under --tp 2 (True, "last", none in one batch): the
+    target's final states as plain --tp 2 returns them, within float noise."""
+    runs = dflash_tp2[0]
+    assert _ids(runs["hidden"]) == _ids(plain_tp2["hidden"])
+    assert_same_hidden_states(plain_tp2["hidden"], runs["hidden"], HIDDEN_ASKS, "tp2")
 
 
 def test_sampling_tp2_matches_plain_tp2(demo, plain_tp2, dflash_tp2):
@@ -180,13 +199,6 @@ def test_dp2_serves_dflash(demo, dflash_tp1):
     assert all(r["meta_info"]["spec_verify_ct"] > 0 for r in runs["bs8"]["results"])
 
 
-def _randomized(drafter, out):
-    """A copy of a drafter with its matrices redrawn at their own scale (norms kept)."""
-    gen = torch.Generator().manual_seed(0)
-    return rewrite_checkpoint(drafter, out, lambda k, v: torch.randn(v.shape, generator=gen) * v.std()
-                              if v.dim() > 1 else v)
-
-
 def test_weight_updates_under_tp2(demo, dflash_tp1, tmp_path):
     """A --tp 2 server started with a random drafter of the demo drafter's shape
     takes the demo drafter's tensors (update_weights_from_tensor, selector
@@ -198,10 +210,8 @@ def test_weight_updates_under_tp2(demo, dflash_tp1, tmp_path):
     shards; the drafter keeps its own and reads the target's embedding and head):
     output equals plain --tp 2 started on that copy, which differs from the
     original's."""
-    random_drafter = _randomized(demo["drafter"], tmp_path / "random")
-    gen = torch.Generator().manual_seed(1)
-    target2 = rewrite_checkpoint(demo["target"], tmp_path / "target2", lambda k, v: v + 0.3 * v.std() * torch.randn(
-        v.shape, generator=gen) if v.dim() > 1 else v)
+    random_drafter = redrawn_copy(demo["drafter"], tmp_path / "random", torch.Generator().manual_seed(0))
+    target2 = noised_copy(demo["target"], tmp_path / "target2", 0.3, torch.Generator().manual_seed(1))
     check = {"op": "check", "selector": "draft"}
 
     def run(name, *ops):
