@@ -67,8 +67,8 @@ TARGETS = {"dense": ("hybrid-target", "hybrid-drafter-trained", list(POLICIES), 
            "moe": ("hybrid-moe-target", "hybrid-moe-drafter-trained", ["on"], (4,)),
            "next": ("hybrid-next-target", "hybrid-next-drafter-trained", ["on"], (4,)),
            "lfm2": ("lfm2-target", "lfm2-drafter-trained", ["on", "adaptive"], (4,)),
-           "nemotron": ("nemotron-h-target", "nemotron-h-drafter-trained", ["on"], (4,)),
-           "mla": ("mla-target", "mla-drafter-trained", ["on"], (4,))}
+           "nemotron": ("nemotron-h-target", "nemotron-h-drafter-trained", ["on", "adaptive"], (4,)),
+           "mla": ("mla-target", "mla-drafter-trained", ["on", "adaptive"], (4,))}
 # SGLang keeps a Mamba2 mixer's conv window in bfloat16 unless told otherwise
 # (whatever --dtype), which moves greedy choices off transformers' float32 ones.
 TARGET_ENV = {"nemotron": {"SGLANG_MAMBA_CONV_DTYPE": "float32"}}
