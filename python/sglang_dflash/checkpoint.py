@@ -9,7 +9,8 @@ is refused, naming it, and nothing is ever zero-filled (sglang's loader
 silently leaves missing conv / selector weights at their init). Extra tensors
 (HF rotary caches, a copy of the target's embedding or head) are ignored with
 a warning, as sglang ignores them, except Domino projector weights, which
-sglang refuses too.
+sglang refuses too. FP8 checkpoints (quantization_config) are dequantized on
+reading (quantized.py); other quantized formats are refused.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from safetensors.torch import save_file
 from .checks import is_int
 from .config import DrafterConfig, parse_drafter_config
 from .model import DFlashDrafter
+from .quantized import FP8_DTYPES, checkpoint_quantization, dequantize_state
 
 logger = logging.getLogger(__name__)
 
@@ -103,11 +105,12 @@ def load_drafter(
     """
     root = Path(path)
     try:
+        config = _read_config(root)
         cfg = parse_drafter_config(
-            _read_config(root), target_hidden_size=target_hidden_size,
+            config, target_hidden_size=target_hidden_size,
             target_vocab_size=target_vocab_size, target_num_layers=target_num_layers)
         model = DFlashDrafter(cfg)
-        state = _read_weights(root)
+        state = dequantize_state(_read_weights(root), checkpoint_quantization(config))
         ignored = _check_coverage(model, state)
         mask = _read_mask_embedding(root, cfg)
     except (_CheckpointError, ValueError) as exc:
@@ -256,6 +259,8 @@ def _tensor_problems(name: str, tensor: torch.Tensor, shape: tuple) -> list[str]
         return [f"weight {name} has shape {list(got)}, expected {list(shape)}"]
     if not tensor.is_floating_point():
         return [f"weight {name} has dtype {tensor.dtype}, expected a float dtype"]
+    if tensor.dtype in FP8_DTYPES:  # only a checkpoint's FP8 weights come with their scales
+        return [f"weight {name} is {tensor.dtype} (FP8 weights load from a checkpoint with their scales)"]
     if not bool(torch.isfinite(tensor).all()):
         return [f"weight {name} has {int((~torch.isfinite(tensor)).sum())} non-finite values"]
     return []

@@ -116,3 +116,20 @@ def test_paged_context_and_static_draft_greedy_identical_to_plain(engines, promp
         for name in spec:
             a, b = _accept_lengths(spec[name]), _accept_lengths(gathered[name])
             assert abs(sum(a) - sum(b)) <= 0.02 * sum(b), f"{name}: {sum(a):.2f} vs {sum(b):.2f}"
+
+
+def test_fp8_drafter_greedy_identical_and_accepts_as_unquantized(engines, prompts, tmp_path):
+    """The trained drafter as an FP8 checkpoint (transformers' layout, block
+    scales with blocks cut at the matrices' edges), dequantized at load:
+    identical output, and drafts accepted as the unquantized drafter's are
+    (within FP8 rounding of its weights; without the scales applied none would be)."""
+    from harness import PATHS
+
+    from sglang_dflash.quantized import write_fp8_copy
+
+    fp8 = write_fp8_copy(PATHS["drafter-trained"], tmp_path / "fp8", "fp8", block=(24, 40))
+    runs = _runs(prompts, (16,))
+    [spec] = run_engines([Job({"speculative_algorithm": "DFLASH", "speculative_draft_model_path": fp8}, runs)])
+    _check_identical(engines["plain"], spec)
+    got, want = sum(_accept_lengths(spec["bs16"])), sum(_accept_lengths(engines["drafter-trained"]["bs16"]))
+    assert abs(got - want) <= 0.1 * want, f"FP8 drafter accepts {got:.1f} against {want:.1f} unquantized"

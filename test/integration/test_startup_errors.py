@@ -43,6 +43,11 @@ CASES = {
         dict(base="dflash2-random", edit_config=lambda c: c["dflash_config"].update(conv_group_size=7)),
         "conv_group_size",
     ),
+    # A quantized drafter other than FP8 (FP8 is dequantized at load)
+    "awq_quantized": (
+        dict(edit_config=lambda c: c.update(quantization_config={"quant_method": "awq", "bits": 4})),
+        "quantization_config.quant_method = 'awq' is not supported",
+    ),
 }
 
 

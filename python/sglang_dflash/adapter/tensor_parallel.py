@@ -73,7 +73,16 @@ def tensor_parallel() -> TensorParallel | None:
 def vocab_head(lm_head: torch.nn.Module, vocab_size: int, tp: TensorParallel | None) -> VocabHead:
     """The target's LM head module (a `ParallelLMHead`, or the tied embedding)
     as a `VocabHead`: this rank's shard of real tokens and the gather to merge
-    shards with."""
+    shards with.
+
+    The drafter's candidates multiply by the head's weight directly, so a head
+    stored quantized (FP8, NVFP4: SGLang keeps such a head's weight in its
+    storage format and multiplies through its quant method) is refused at
+    start-up; FP8 targets usually leave the head unquantized."""
+    dtype = getattr(getattr(lm_head, "weight", None), "dtype", None)
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"sglang-dflash: the target's LM head is stored as {dtype} (quantized); DFLASH needs a "
+                         "float16 / bfloat16 / float32 head for the drafter's candidates")
     if tp is None:
         return VocabHead.whole(lm_head.weight, vocab_size)
     shard = lm_head.shard_indices  # SGLang's VocabParallelEmbeddingShardIndices

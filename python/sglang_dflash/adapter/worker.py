@@ -194,6 +194,10 @@ class DFlashWorker(BaseSpecWorker):
     # ---- construction -------------------------------------------------------------
 
     def _load_drafter(self, path, revision):
+        quantization = getattr(get_spec(), "speculative_draft_model_quantization", None)
+        if quantization:  # set explicitly, or inherited from --quantization
+            logger.info("sglang-dflash: the drafter runs in %s; drafter quantization %r is not applied (an FP8 "
+                        "drafter checkpoint is dequantized at load)", self.model_runner.dtype, quantization)
         hf = self.model_runner.model_config.hf_text_config
         path = resolve_drafter_path(path, revision)  # a local directory once start-up resolved it
         drafter = load_drafter(
