@@ -209,7 +209,9 @@ def test_weight_updates_under_tp2(demo, dflash_tp1, tmp_path):
     Then the target's weights from disk (a noised copy, both ranks loading their
     shards; the drafter keeps its own and reads the target's embedding and head):
     output equals plain --tp 2 started on that copy, which differs from the
-    original's."""
+    original's. Then the original target's tensors (update_weights_from_tensor,
+    selector "all": full tensors, each rank taking its shard; the drafter takes
+    none of the target's names): DFLASH --tp 1's output again."""
     random_drafter = redrawn_copy(demo["drafter"], tmp_path / "random", torch.Generator().manual_seed(0))
     target2 = noised_copy(demo["target"], tmp_path / "target2", 0.3, torch.Generator().manual_seed(1))
     check = {"op": "check", "selector": "draft"}
@@ -224,7 +226,8 @@ def test_weight_updates_under_tp2(demo, dflash_tp1, tmp_path):
             run("trained", {"op": "tensor", "path": demo["drafter"], "selector": "draft"}, check),
             run("back", {"op": "distributed", "path": random_drafter, "selector": "draft"}, check),
             run("target2", {"op": "tensor", "path": demo["drafter"], "selector": "draft"},
-                {"op": "disk", "path": target2}, check)]),
+                {"op": "disk", "path": target2}, check),
+            run("target-back", {"op": "tensor", "path": demo["target"], "selector": "all"}, check)]),
         Job({**_engine(demo, tp_size=2), "model_path": target2}, [run("target2")])])
     want = _ids(dflash_tp1["bs8"])[:8]
     sums, accept = {}, {}
@@ -236,6 +239,7 @@ def test_weight_updates_under_tp2(demo, dflash_tp1, tmp_path):
         sums[name] = ranks[0]
         lengths = [r["meta_info"]["spec_accept_length"] for r in result["results"]]
         accept[name] = sum(lengths) / len(lengths)
-    assert sums["trained"] != sums["random"] == sums["back"] and sums["target2"] == sums["trained"]
+    assert sums["trained"] != sums["random"] == sums["back"] and sums["target2"] == sums["trained"] == \
+        sums["target-back"]
     assert accept["trained"] > 1.5 > max(accept["random"], accept["back"]), accept
     assert _ids(plain2["target2"]) != want  # the new target's output is its own
