@@ -1,5 +1,5 @@
 """The draft side stays consistent through chunked prefill, radix-cache prefix
-hits, mixed chunked prefill, retraction under KV pressure, and long prompts:
+hits, mixed chunked prefill (also on hybrid targets), retraction under KV pressure, and long prompts:
 greedy DFLASH output equals plain decoding under the same engine settings, and
 so do the target's hidden states returned beside it (`return_hidden_states`)."""
 
@@ -69,6 +69,35 @@ def test_mixed_chunked_prefill(prompts, monkeypatch, overlap, policy):
             assert got == want, f"{name} request {i}"
     assert state["mixed_prefills"] > 2 and state["mixed_decode_rows"] > 10, state
     assert state["steps"] > 0
+
+
+# Hybrid targets (tiny_paths names): Gated DeltaNet layers, Nemotron-H's Mamba2 layers.
+HYBRIDS = {"gdn": ("hybrid-target", "hybrid-drafter-trained"), "mamba2": ("nemotron-h-target",
+                                                                          "nemotron-h-drafter-trained")}
+
+
+@pytest.mark.parametrize("hybrid", list(HYBRIDS))
+def test_mixed_chunked_prefill_on_hybrid_targets(prompts, hybrid):
+    """--enable-mixed-chunk on a target with state-space layers: running
+    requests decode their next token inside the prefill chunks' extend, where
+    SGLang advances their recurrent state, between DFLASH verify steps that
+    commit it at the accepted position. Twelve prompts in chunks of 32 arrive
+    at once; output equals plain decoding's with the same settings."""
+    from transformers import AutoTokenizer
+
+    from sglang_dflash.demo import tiny_paths
+
+    paths = tiny_paths()
+    target, drafter = (paths[name] for name in HYBRIDS[hybrid])
+    ids = [AutoTokenizer.from_pretrained(target)(text).input_ids for text in prompts]
+    runs = [{"name": "mixed", "input_ids": ids, "batch_size": 12, "sampling_params": GREEDY}]
+    settings = dict(model_path=target, enable_mixed_chunk=True, chunked_prefill_size=32, dtype="float32",
+                    max_mamba_cache_size=64, disable_radix_cache=True)
+    dflash = {**settings, "speculative_algorithm": "DFLASH", "speculative_draft_model_path": drafter}
+    plain, (spec, state) = run_engines([Job(settings, runs), Job(dflash, runs, True)])
+    for i, (want, got) in enumerate(zip(output_ids(plain["mixed"]), output_ids(spec["mixed"]), strict=True)):
+        assert got == want, f"request {i}"
+    assert state["mixed_prefills"] > 2 and state["mixed_decode_rows"] > 10 and state["steps"] > 0, state
 
 
 def test_retraction_under_kv_pressure():
