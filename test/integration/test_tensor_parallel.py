@@ -211,7 +211,9 @@ def test_weight_updates_under_tp2(demo, dflash_tp1, tmp_path):
     output equals plain --tp 2 started on that copy, which differs from the
     original's. Then the original target's tensors (update_weights_from_tensor,
     selector "all": full tensors, each rank taking its shard; the drafter takes
-    none of the target's names): DFLASH --tp 1's output again."""
+    none of the target's names): DFLASH --tp 1's output again. The engine drafts
+    on the static buffers (SGLANG_DFLASH_STATIC_DRAFT=1, the path a CUDA graph
+    replays, eager here), which must see every update in place."""
     random_drafter = redrawn_copy(demo["drafter"], tmp_path / "random", torch.Generator().manual_seed(0))
     target2 = noised_copy(demo["target"], tmp_path / "target2", 0.3, torch.Generator().manual_seed(1))
     check = {"op": "check", "selector": "draft"}
@@ -220,14 +222,15 @@ def test_weight_updates_under_tp2(demo, dflash_tp1, tmp_path):
         return {"name": name, "prompts": demo["prompts"][:8], "batch_size": 8, "sampling_params": GREEDY,
                 "weights": list(ops)}
 
-    runs, plain2 = run_engines([
+    (runs, state), plain2 = run_engines([
         Job(_engine(demo, tp_size=2, speculative_algorithm="DFLASH", speculative_draft_model_path=random_drafter), [
             run("random", check),
             run("trained", {"op": "tensor", "path": demo["drafter"], "selector": "draft"}, check),
             run("back", {"op": "distributed", "path": random_drafter, "selector": "draft"}, check),
             run("target2", {"op": "tensor", "path": demo["drafter"], "selector": "draft"},
                 {"op": "disk", "path": target2}, check),
-            run("target-back", {"op": "tensor", "path": demo["target"], "selector": "all"}, check)]),
+            run("target-back", {"op": "tensor", "path": demo["target"], "selector": "all"}, check)],
+            with_state=True, env={"SGLANG_DFLASH_STATIC_DRAFT": "1"}),
         Job({**_engine(demo, tp_size=2), "model_path": target2}, [run("target2")])])
     want = _ids(dflash_tp1["bs8"])[:8]
     sums, accept = {}, {}
@@ -243,3 +246,4 @@ def test_weight_updates_under_tp2(demo, dflash_tp1, tmp_path):
         sums["target-back"]
     assert accept["trained"] > 1.5 > max(accept["random"], accept["back"]), accept
     assert _ids(plain2["target2"]) != want  # the new target's output is its own
+    assert state["static_draft"]["steps"] > 0, state
