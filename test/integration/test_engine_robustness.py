@@ -1,11 +1,12 @@
 """The draft side stays consistent through chunked prefill, radix-cache prefix
-hits, mixed chunked prefill (also on hybrid targets), retraction under KV pressure, and long prompts:
-greedy DFLASH output equals plain decoding under the same engine settings, and
-so do the target's hidden states returned beside it (`return_hidden_states`)."""
+hits, mixed chunked prefill (also on hybrid targets), retraction under KV
+pressure, requests ending at the context length, and long prompts: greedy
+DFLASH output equals plain decoding under the same engine settings, and so do
+the target's hidden states returned beside it (`return_hidden_states`)."""
 
 import pytest
 
-from harness import Job, assert_same_hidden_states, chat_prompts, dflash_args, output_ids, run_engines
+from harness import TARGET, Job, assert_same_hidden_states, chat_prompts, dflash_args, output_ids, run_engines
 
 GREEDY = {"max_new_tokens": 48, "temperature": 0.0}
 
@@ -98,6 +99,26 @@ def test_mixed_chunked_prefill_on_hybrid_targets(prompts, hybrid):
     for i, (want, got) in enumerate(zip(output_ids(plain["mixed"]), output_ids(spec["mixed"]), strict=True)):
         assert got == want, f"request {i}"
     assert state["mixed_prefills"] > 2 and state["mixed_decode_rows"] > 10 and state["steps"] > 0, state
+
+
+def test_requests_ending_at_the_context_length(prompts):
+    """--context-length 128 with prompts of up to 88 tokens and 40 new tokens
+    each: the longest end at the model's limit (SGLang stops them a token
+    short of it), where a verify block would reach past it. Output and finish
+    lengths equal plain decoding's, greedy and (no crash, same lengths) sampled."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(TARGET)
+    ids = [tok(text).input_ids[:88] for text in prompts[:8]]
+    params = {"max_new_tokens": 40, "ignore_eos": True}
+    runs = [{"name": "greedy", "input_ids": ids, "batch_size": 8, "sampling_params": {**params, "temperature": 0.0}},
+            {"name": "sampled", "input_ids": ids, "batch_size": 8, "sampling_params": {**params, "temperature": 0.7}}]
+    settings = dict(context_length=128)
+    plain, spec = run_engines([Job(settings, runs), Job({**settings, **dflash_args("drafter-trained")}, runs)])
+    assert output_ids(spec["greedy"]) == output_ids(plain["greedy"])
+    lengths = [len(out) for out in output_ids(plain["greedy"])]
+    assert [len(out) for out in output_ids(spec["sampled"])] == lengths and min(lengths) < 40, lengths
+    assert sum(r["meta_info"]["spec_verify_ct"] for r in spec["greedy"]["results"]) < sum(lengths)  # drafts accepted
 
 
 def test_retraction_under_kv_pressure():
