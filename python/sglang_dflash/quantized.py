@@ -31,6 +31,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from .checks import is_int
+
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 WEIGHT_SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")
 # Scales of activations or of the KV cache: meaningless once weights are dequantized.
@@ -69,7 +71,7 @@ def _block(value, key: str) -> tuple[int, int] | None:
     if value is None:
         return None
     if (not isinstance(value, (list, tuple)) or len(value) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
+            or not all(is_int(v) and v > 0 for v in value)):
         raise ValueError(f"{key} = {value!r} must be two positive ints [rows, cols]")
     return int(value[0]), int(value[1])
 
