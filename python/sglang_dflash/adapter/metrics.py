@@ -13,14 +13,12 @@ from __future__ import annotations
 
 from sglang.srt.runtime_context import get_spec
 
+from sglang_dflash.adapter.server_args import is_dflash
+
 METRICS_TARGET = ("sglang.srt.managers.scheduler_components.metrics_reporter."
                   "SchedulerMetricsReporter.report_decode_stats")
 META_INFO_TARGET = ("sglang.srt.managers.tokenizer_manager.TokenizerManager."
                     "_calculate_spec_decoding_metrics")
-
-
-def _is_dflash() -> bool:
-    return str(get_spec().speculative_algorithm).upper().endswith("DFLASH")
 
 
 def rescale_window_accept_rate(reporter, *args, **kwargs):
@@ -29,7 +27,7 @@ def rescale_window_accept_rate(reporter, *args, **kwargs):
     The count feeds only that rate and is reset right after it, but only on the
     calls that reach the periodic report: the others return early and keep
     accumulating, so they must be left alone (scaling them would compound)."""
-    if not _is_dflash() or not _reports_now(reporter):
+    if not is_dflash(get_spec().speculative_algorithm) or not _reports_now(reporter):
         return None
     steps, verified = reporter.spec_num_forward_ct, reporter.spec_num_cap_tokens
     per_step = (get_spec().speculative_num_draft_tokens or 1) - 1
@@ -51,7 +49,7 @@ def _reports_now(reporter) -> bool:
 def per_request_accept_rate(result, manager, meta_info, recv_obj, i, *args, **kwargs):
     """AFTER `_calculate_spec_decoding_metrics`: a request's accept rate over the
     drafts it really verified."""
-    if not _is_dflash() or "spec_num_correct_drafts" not in meta_info:
+    if not is_dflash(get_spec().speculative_algorithm) or "spec_num_correct_drafts" not in meta_info:
         return result
     caps = getattr(recv_obj, "spec_num_cap_tokens", None) or []
     verified = caps[i] if len(caps) > i else 0

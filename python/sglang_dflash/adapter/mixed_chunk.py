@@ -18,6 +18,8 @@ request alone.
 
 from __future__ import annotations
 
+from sglang_dflash.adapter.server_args import is_dflash
+
 MIX_TARGET = "sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw"
 
 
@@ -29,7 +31,7 @@ def no_mixing_with_stateful_requests(original, scheduler, *args, **kwargs):
 
     running = kwargs["running_batch"] if "running_batch" in kwargs else args[1]
     hold = (getattr(scheduler, "is_mixed_chunk", False)
-            and str(getattr(scheduler.server_args, "speculative_algorithm", "")).upper() == "DFLASH"
+            and is_dflash(getattr(scheduler.server_args, "speculative_algorithm", ""))
             and any(penalized(req) or req.grammar is not None for req in running.reqs))
     if not hold:
         return original(scheduler, *args, **kwargs)

@@ -19,13 +19,15 @@ import torch
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, get_server_return_hidden_states_mode
 from sglang.srt.runtime_context import get_spec
 
+from sglang_dflash.adapter.server_args import is_dflash
+
 LOGITS_PROCESSOR_TARGET = "sglang.srt.layers.logits_processor.LogitsProcessor.__init__"
 
 
 def keep_final_states(result, processor, *args, **kwargs):
     """AFTER SGLang's LogitsProcessor.__init__: on a DFLASH server that may
     return hidden states, keep the final ones beside the captured layers."""
-    if (str(get_spec().speculative_algorithm).upper() == "DFLASH"
+    if (is_dflash(get_spec().speculative_algorithm)
             and get_server_return_hidden_states_mode().need_capture()):
         processor.keep_last_hidden_states = True
     return result

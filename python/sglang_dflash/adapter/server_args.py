@@ -28,6 +28,12 @@ SOURCE = "sglang_dflash._handle_dflash"
 DEFAULT_MAX_RUNNING_REQUESTS = 48
 
 
+def is_dflash(algorithm) -> bool:
+    """Whether a server's `speculative_algorithm` (raw or resolved) is DFLASH:
+    the hooks that change plain SGLang's behaviour act only on such servers."""
+    return str(algorithm).upper().endswith("DFLASH")
+
+
 def _target_dims(cfg) -> tuple[int, int, int]:
     """(hidden size, vocabulary, depth) of the target, depth as SGLang counts it."""
     from sglang.srt.utils.hf_transformers_utils import get_config
