@@ -1,7 +1,9 @@
 """Run one sgl.Engine configuration over prompt groups and write JSON results.
 
 Used by the integration tests in a subprocess (the CPU runtime must be set up
-before SGLang is imported, and the engine spawns processes):
+before SGLang is imported, and the engine spawns processes): forked from the
+harness's fork server (`forked`, SGLang imported once per test session), or
+with ENGINE_START_METHOD=spawn as a fresh interpreter:
 
     python engine_run.py SPEC.json OUT.json
 
@@ -19,7 +21,8 @@ one {name: hash} per rank). OUT also holds the server's dflash state after the l
 (`/get_server_info`'s internal_states[0]["dflash"]). Each run submits its prompts in groups of
 `batch_size` (one `generate` call per group, so the decode batch holds up to that many requests) and
 records output ids and meta_info per prompt. With "gate" the engine, once started, writes "ready" to
-stdout and runs only after reading "go" on stdin (harness.run_engines).
+stdout and runs only after reading "go" on stdin (harness.run_engines; a forked engine does the same
+over a pipe).
 """
 
 import json
@@ -176,7 +179,8 @@ def fork_engine_processes() -> None:
     inherits this process's imports. Test speed only: what a fork can hide (a
     child that would not load our plugin or our CPU runtime by itself) is
     covered by the tests that launch real servers (`harness.start_servers`,
-    `launch_to_failure`), which keep SGLang's spawn. ENGINE_START_METHOD=spawn restores it here."""
+    `launch_to_failure`), which keep SGLang's spawn. ENGINE_START_METHOD=spawn restores it here
+(and has the harness start this process as a fresh interpreter, not from its fork server)."""
     if os.environ.get("ENGINE_START_METHOD", "fork") != "fork":
         return
     import multiprocessing
@@ -192,34 +196,62 @@ def fork_engine_processes() -> None:
     multiprocessing.set_start_method = lambda method, force=False: set_start_method("fork", force=True)
 
 
-def main():
+def serve(spec: dict, out_path: str, released=None) -> None:
+    """Start the engine `spec` names, execute its runs, write OUT. released: a
+    call that reports the engine ready and returns whether to run (the harness's
+    gate); without it the runs start at once."""
     from sglang_dflash import cpu_runtime
 
     if not cpu_runtime.cuda_available():
         cpu_runtime.activate()
     import sglang as sgl
 
-    spec = json.load(open(sys.argv[1]))
-    handshake = None
-    if spec.get("gate"):
-        # harness.run_engines reads one line from our stdout; everything else
-        # written to it (here or by the engine's processes) goes to stderr.
-        handshake = os.fdopen(os.dup(1), "w")
-        os.dup2(2, 1)
     fork_engine_processes()
     engine = sgl.Engine(**spec["engine"])
-    if handshake:  # report ready, run when released
-        handshake.write("ready\n")
-        handshake.flush()
-        if sys.stdin.readline().strip() != "go":
-            engine.shutdown()
-            return
+    if released is not None and not released():
+        engine.shutdown()
+        return
     try:
         runs = [_run(engine, run) for run in spec["runs"]]
         states = engine.get_server_info().get("internal_states") or [{}]
     finally:
         engine.shutdown()
-    json.dump({"runs": runs, "dflash": states[0].get("dflash")}, open(sys.argv[2], "w"))
+    json.dump({"runs": runs, "dflash": states[0].get("dflash")}, open(out_path, "w"))
+
+
+def forked(spec_path: str, out_path: str, env: dict, log_path: str, conn) -> None:
+    """serve() in a process forked from the harness's fork server, which has
+    SGLang imported already (`engine_imports`): the job's environment replaces
+    the server's, its output goes to `log_path`, and the gate is `conn`."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.environ.clear()
+    os.environ.update(env)
+
+    def released():
+        conn.send("ready")
+        return conn.recv() == "go"
+
+    serve(json.load(open(spec_path)), out_path, released)
+
+
+def main():
+    spec = json.load(open(sys.argv[1]))
+    released = None
+    if spec.get("gate"):
+        # harness.run_engines reads one line from our stdout; everything else
+        # written to it (here or by the engine's processes) goes to stderr.
+        handshake = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
+
+        def released():
+            handshake.write("ready\n")
+            handshake.flush()
+            return sys.stdin.readline().strip() == "go"
+
+    serve(spec, sys.argv[2], released)
 
 
 if __name__ == "__main__":

@@ -167,7 +167,7 @@ def run_engines(jobs: list[Job], timeout: int = 2400) -> list:
     """Run each job's engine as `run_engine` does, started ahead of their turn
     (up to MAX_LIVE_ENGINES alive at once) and run one at a time, in order.
 
-    An engine's start-up (imports in three processes, model load) keeps about
+    An engine's start-up (its processes, model load, pools) keeps about
     one of the host's cores busy, so starting engines together saves wall time.
     Runs never overlap each other (an engine waits, idle, until released); with
     up to MAX_LIVE_ENGINES jobs none overlaps a start-up either, so what a run
@@ -181,36 +181,135 @@ def run_engines(jobs: list[Job], timeout: int = 2400) -> list:
             spec, out, err = (os.path.join(tmp, f"{name}{i}") for name in ("spec", "out", "err"))
             with open(spec, "w") as f:
                 json.dump({"engine": {**ENGINE_DEFAULTS, **job.engine}, "runs": job.runs, "gate": True}, f)
-            with open(err, "w") as log:
-                proc = subprocess.Popen([sys.executable, os.path.join(HERE, "engine_run.py"), spec, out],
-                                        env={**os.environ, **(job.env or {})}, text=True,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
-            stack.callback(_reap, proc)
-            return proc, out, err
+            open(err, "w").close()
+            engine = _engine_process(spec, out, err, {**os.environ, **(job.env or {})})
+            stack.callback(engine.reap)
+            return engine, out
 
-        procs = [start(i) for i in range(min(len(jobs), MAX_LIVE_ENGINES))]
-        for proc, _, err in procs:  # the first window all started before any runs
-            _expect_line(proc, "ready", deadline, err)
+        engines = [start(i) for i in range(min(len(jobs), MAX_LIVE_ENGINES))]
+        for engine, _ in engines:  # the first window all started before any runs
+            engine.wait_ready(deadline)
         results = []
         for i, job in enumerate(jobs):
-            proc, out, err = procs[i]
+            engine, out = engines[i]
             if i >= MAX_LIVE_ENGINES:
-                _expect_line(proc, "ready", deadline, err)
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-            try:
-                code = proc.wait(timeout=max(1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                raise RuntimeError(f"engine run timed out:\n{_tail(err)}") from None
-            if code != 0:
-                raise RuntimeError(f"engine run failed ({code}):\n{_tail(err)}")
-            if len(procs) < len(jobs):
-                procs.append(start(len(procs)))
+                engine.wait_ready(deadline)
+            engine.finish(deadline)
+            if len(engines) < len(jobs):
+                engines.append(start(len(engines)))
             with open(out) as f:
                 result = json.load(f)
             by_name = {run["name"]: run for run in result["runs"]}
             results.append((by_name, result["dflash"]) if job.with_state else by_name)
         return results
+
+
+def _engine_process(spec: str, out: str, err: str, env: dict):
+    """engine_run on `spec`, gated: forked from the fork server where the host
+    has no CUDA device (a fork must not inherit a CUDA context) and
+    ENGINE_START_METHOD is not "spawn", else a fresh interpreter."""
+    from sglang_dflash import cpu_runtime
+
+    if os.environ.get("ENGINE_START_METHOD", "fork") == "fork" and not cpu_runtime.cuda_available():
+        return _ForkedEngine(spec, out, err, env)
+    return _SpawnedEngine(spec, out, err, env)
+
+
+@functools.lru_cache(maxsize=1)
+def _fork_server():
+    """multiprocessing's fork server, which imports `engine_imports` (SGLang)
+    once when the first engine starts; every engine is then a fork of it."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["engine_imports"])
+    return context
+
+
+class _ForkedEngine:
+    """An engine_run process forked from the fork server, gated over a pipe."""
+
+    def __init__(self, spec: str, out: str, err: str, env: dict):
+        import engine_run
+
+        context = _fork_server()
+        self.err = err
+        self.conn, theirs = context.Pipe()
+        # Not a daemon: an engine starts processes of its own.
+        self.proc = context.Process(target=engine_run.forked, args=(spec, out, env, err, theirs))
+        self.proc.start()
+        theirs.close()
+
+    def wait_ready(self, deadline: float):
+        from multiprocessing.connection import wait
+
+        while time.time() < deadline:
+            if wait([self.conn, self.proc.sentinel], timeout=1.0):
+                try:
+                    if self.conn.recv() == "ready":
+                        return
+                except EOFError:  # exited during start-up
+                    pass
+                self.proc.join()
+                raise RuntimeError(f"engine run failed ({self.proc.exitcode}):\n{_tail(self.err)}")
+        raise RuntimeError(f"engine did not start in time:\n{_tail(self.err)}")
+
+    def finish(self, deadline: float):
+        """Release the runs and wait for the process to end."""
+        self.conn.send("go")
+        self.proc.join(timeout=max(1, deadline - time.time()))
+        if self.proc.exitcode is None:
+            raise RuntimeError(f"engine run timed out:\n{_tail(self.err)}")
+        if self.proc.exitcode != 0:
+            raise RuntimeError(f"engine run failed ({self.proc.exitcode}):\n{_tail(self.err)}")
+
+    def reap(self):
+        """Stop an engine that is still waiting (a failed sibling or a timeout)."""
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        self.conn.close()
+
+
+class _SpawnedEngine:
+    """`python engine_run.py` as a fresh interpreter, gated over stdin / stdout."""
+
+    def __init__(self, spec: str, out: str, err: str, env: dict):
+        self.err = err
+        with open(err, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "engine_run.py"), spec, out],
+                                         env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=log)
+
+    def wait_ready(self, deadline: float):
+        """Wait for the line "ready" on the process's stdout."""
+        import select
+
+        while time.time() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 1.0)
+            if ready:
+                line = self.proc.stdout.readline()
+                if line.strip() == "ready":
+                    return
+                if not line:  # exited during start-up
+                    self.proc.wait()
+                    raise RuntimeError(f"engine run failed ({self.proc.returncode}):\n{_tail(self.err)}")
+        raise RuntimeError(f"engine did not start in time:\n{_tail(self.err)}")
+
+    def finish(self, deadline: float):
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        try:
+            code = self.proc.wait(timeout=max(1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"engine run timed out:\n{_tail(self.err)}") from None
+        if code != 0:
+            raise RuntimeError(f"engine run failed ({code}):\n{_tail(self.err)}")
+
+    def reap(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def run_together(calls: dict, workers: int = 2) -> dict:
@@ -241,31 +340,8 @@ def launch_to_failure(drafter: str, target: str = TARGET, extra=(), env=None) ->
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
-def _expect_line(proc, want: str, deadline: float, err: str):
-    """Wait for the line `want` on proc's stdout (engine_run's start-up handshake)."""
-    import select
-
-    while time.time() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-        if ready:
-            line = proc.stdout.readline()
-            if line.strip() == want:
-                return
-            if not line:  # exited during start-up
-                proc.wait()
-                raise RuntimeError(f"engine run failed ({proc.returncode}):\n{_tail(err)}")
-    raise RuntimeError(f"engine did not start in time:\n{_tail(err)}")
-
-
 def _tail(path: str, n: int = 6000) -> str:
     return open(path).read()[-n:]
-
-
-def _reap(proc):
-    """Stop an engine that is still waiting (a failed sibling or a timeout)."""
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
 
 
 class Server:
