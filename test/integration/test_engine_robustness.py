@@ -2,7 +2,8 @@
 hits, mixed chunked prefill (also on hybrid targets), retraction under KV
 pressure, requests ending at the context length, and long prompts: greedy
 DFLASH output equals plain decoding under the same engine settings, and so do
-the target's hidden states returned beside it (`return_hidden_states`)."""
+the target's hidden states returned beside it (`return_hidden_states`, also
+under mixed chunked prefill)."""
 
 import pytest
 
@@ -52,22 +53,27 @@ def test_mixed_chunked_prefill(prompts, monkeypatch, overlap, policy):
     synchronous one (with the overlap scheduler plain SGLang applies penalties a
     step late: test_request_features.py). The penalized prompts are split into
     chunks too, whose last chunk's token must be counted even when, under the
-    overlap scheduler, the previous chunk's result is processed after it ran."""
+    overlap scheduler, the previous chunk's result is processed after it ran.
+    The greedy group asks for the target's hidden states (True, "last" or none
+    per prompt): rows computed in mixed extends equal plain's too."""
     monkeypatch.setenv("SGLANG_DFLASH_POLICY", policy)
     penalized = {**GREEDY, "frequency_penalty": 0.6, "presence_penalty": 0.4, "repetition_penalty": 1.3}
-    runs = [{"name": "greedy", "prompts": prompts, "batch_size": 12, "sampling_params": GREEDY},
+    asks = [True, "last", False, True] * 3
+    runs = [{"name": "greedy", "prompts": prompts, "batch_size": 12, "sampling_params": GREEDY,
+             "return_hidden_states": asks},
             {"name": "regex", "prompts": prompts[::-1], "batch_size": 12,
              "sampling_params": {**GREEDY, "regex": "(ab|[0-9]+ )+x"}},
             # New prompts: the radix cache holds the others, and would skip their chunks.
             {"name": "penalties", "prompts": chat_prompts(24)[12:], "batch_size": 12,
              "sampling_params": penalized}]
-    settings = dict(enable_mixed_chunk=True, chunked_prefill_size=64,
+    settings = dict(enable_mixed_chunk=True, chunked_prefill_size=64, enable_return_hidden_states=True,
                     disable_overlap_schedule=not overlap)
     plain, (spec, state) = run_engines([Job({**settings, "disable_overlap_schedule": True}, runs),
                                         Job({**settings, **dflash_args("drafter-trained")}, runs, True)])
     for name in plain:
         for i, (want, got) in enumerate(zip(output_ids(plain[name]), output_ids(spec[name]))):
             assert got == want, f"{name} request {i}"
+    assert_same_hidden_states(plain["greedy"], spec["greedy"], asks, "greedy")
     assert state["mixed_prefills"] > 2 and state["mixed_decode_rows"] > 10, state
     assert state["steps"] > 0
 
