@@ -1,7 +1,7 @@
 """The real HTTP server, started the documented CPU way (`sglang-dflash serve`),
 with the trained drafter: native /generate, OpenAI /v1/completions and
 /v1/chat/completions (plain and streaming), an SGLang frontend program, bad
-requests, and greedy identity with a plain server."""
+requests, stop strings and regexes, and greedy identity with a plain server."""
 
 import json
 import os
@@ -83,6 +83,32 @@ def test_generate_batch_and_stop_inside_block(server, prompts, plain_outputs):
     got = _generate(server, prompts[1], max_new_tokens=13)
     assert got["output_ids"] == plain_outputs[1]["output_ids"][:13]
     assert got["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def _stops(text: str) -> dict:
+    """Stop settings that end greedy output mid-way: a string and a regex taken
+    from the middle of the plain server's text (their first match can fall
+    anywhere in a verify block), each with and without no_stop_trim."""
+    import re
+
+    mid = len(text) // 3
+    string, pattern = text[mid:mid + 4], re.escape(text[mid + 8:mid + 11]) + r"\S*"
+    return {"stop": {"stop": [string]}, "stop kept": {"stop": [string], "no_stop_trim": True},
+            "stop_regex": {"stop_regex": pattern}, "stop_regex kept": {"stop_regex": [pattern], "no_stop_trim": True}}
+
+
+def test_stop_strings_and_regex_equal_plain(servers, prompts, plain_outputs):
+    """`stop` and `stop_regex` (trimmed and with no_stop_trim) matched inside a
+    verify block: the same ids, text and finish reason as the plain server."""
+    plain, spec = servers
+    stopped = 0
+    for i in (3, 4, 5):
+        for name, params in _stops(plain_outputs[i]["text"]).items():
+            want, got = _generate(plain, prompts[i], **params), _generate(spec, prompts[i], **params)
+            assert (got["output_ids"], got["text"]) == (want["output_ids"], want["text"]), (i, name)
+            assert got["meta_info"]["finish_reason"] == want["meta_info"]["finish_reason"], (i, name)
+            stopped += want["meta_info"]["finish_reason"]["type"] == "stop"
+    assert stopped >= 9, f"only {stopped} of 12 requests stopped: the settings no longer test a stop"
 
 
 def test_openai_completions(server, prompts, plain_outputs):
