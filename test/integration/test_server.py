@@ -181,6 +181,29 @@ def test_out_of_vocabulary_input_ids_get_400_and_server_keeps_serving(server, pr
     assert _generate(server, prompts[4])["output_ids"] == plain_outputs[4]["output_ids"]
 
 
+def test_grammar_ended_before_min_new_tokens_fails_the_request_not_the_server(servers, prompts, plain_outputs):
+    """regex "x" with min_new_tokens 5: once "x" is out the grammar allows only
+    EOS, which min_new_tokens forbids, so no token is allowed. Plain SGLang
+    fails such a request with a 500 naming the grammar; DFLASH gives the same,
+    greedy and sampled. With top-k and top-p plain SGLang's sampler draws from
+    the all-masked row and its whole server exits; DFLASH fails only the request."""
+    plain, spec = servers
+    conflict = {"max_new_tokens": 16, "regex": "x", "min_new_tokens": 5}
+
+    def post(srv, i, **params):
+        return requests.post(srv.url + "/generate", timeout=120, json={
+            "text": prompts[i], "sampling_params": {**conflict, "sampling_seed": i, **params}})
+
+    for i, temperature in enumerate((0.0, 0.8)):
+        want, got = post(plain, i, temperature=temperature), post(spec, i, temperature=temperature)
+        assert want.status_code == 500 and "Grammar accept_token failed" in want.text, want.text
+        assert (got.status_code, got.json()["message"]) == (want.status_code, want.json()["message"])
+    for i in range(4):
+        got = post(spec, i, temperature=0.8, top_k=50, top_p=0.9)
+        assert got.status_code == 500 and "Grammar accept_token failed" in got.text, got.text
+    assert _generate(spec, prompts[4])["output_ids"] == plain_outputs[4]["output_ids"]
+
+
 def test_idle_time_is_no_decode_step_cost(server, prompts):
     """A server waiting for requests is not running a decode step: the period of
     the last step before an idle gap must not reach the cost model (it once
