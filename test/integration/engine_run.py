@@ -180,7 +180,7 @@ def fork_engine_processes() -> None:
     child that would not load our plugin or our CPU runtime by itself) is
     covered by the tests that launch real servers (`harness.start_servers`,
     `launch_to_failure`), which keep SGLang's spawn. ENGINE_START_METHOD=spawn restores it here
-(and has the harness start this process as a fresh interpreter, not from its fork server)."""
+    (and has the harness start this process as a fresh interpreter, not from its fork server)."""
     if os.environ.get("ENGINE_START_METHOD", "fork") != "fork":
         return
     import multiprocessing
