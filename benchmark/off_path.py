@@ -12,6 +12,7 @@ batch (median over the batches of a repetition), off / plain per repetition.
 
     python benchmark/off_path.py --batch-sizes 1,16,48 --repeats 2
     python benchmark/off_path.py --batch-sizes 1,16 --configs plain,off,on
+    python benchmark/off_path.py --batch-sizes 16 --temperature 1.0   # sampled
 
 Each repetition starts plain first, then off (then on; alternating the order would
 not remove the host's drift between engines; the ratio spread over
@@ -66,7 +67,7 @@ def _engine_main(spec_path: str, out_path: str) -> None:
             prompts = _prompts(spec["batch_size"], spec["words"], run)
             t0 = time.perf_counter()
             engine.generate(prompt=prompts, sampling_params={
-                "max_new_tokens": spec["new_tokens"], "temperature": 0.0, "ignore_eos": True})
+                "max_new_tokens": spec["new_tokens"], "temperature": spec["temperature"], "ignore_eos": True})
             seconds.append(time.perf_counter() - t0)
     finally:
         engine.shutdown()
@@ -85,7 +86,7 @@ def _measure(config: str, target: str, drafter: str, bs: int, opts) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
         json.dump({"engine": engine, "runs": opts.runs, "batch_size": bs, "words": opts.prompt_words,
-                   "new_tokens": opts.new_tokens}, open(spec_path, "w"))
+                   "new_tokens": opts.new_tokens, "temperature": opts.temperature}, open(spec_path, "w"))
         proc = subprocess.run([sys.executable, __file__, "--engine", spec_path, out_path],
                               capture_output=True, text=True, env=env, timeout=1800)
         if proc.returncode != 0:
@@ -111,6 +112,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch-sizes", default="1,16,48")
     p.add_argument("--new-tokens", type=int, default=200)
     p.add_argument("--prompt-words", type=int, default=0, help="0: short questions; N: N-word prompts")
+    p.add_argument("--temperature", type=float, default=0.0, help="every request's temperature (0: greedy)")
     p.add_argument("--runs", type=int, default=7, help="batches per engine (the first warms up)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--configs", default="plain,off",
@@ -160,7 +162,7 @@ def _markdown(result: dict, rows: list, configs: list, opts, argv) -> str:
     machine = result["machine"]
     return (f"## Off path against plain decoding\n\nCommand:\n\n```bash\n{cmd}\n```\n\n"
             f"{result['when']}, {machine.get('cpu_model')}, {machine.get('nproc')} cores; "
-            f"{opts.new_tokens} new tokens per request, prompts: "
+            f"{opts.new_tokens} new tokens per request, temperature {opts.temperature}, prompts: "
             f"{'short questions' if opts.prompt_words == 0 else f'up to {opts.prompt_words} words'}; "
             f"torch threads: {opts.omp_threads or 'default (all cores)'}.\n\n"
             + _table(rows, configs) + "\n")

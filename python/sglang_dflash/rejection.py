@@ -57,6 +57,9 @@ def target_probs(
     top_p: torch.Tensor,
     top_k: torch.Tensor,
     min_p: torch.Tensor,
+    *,
+    ranks: Optional[int] = None,
+    probe: Optional[int] = None,
 ) -> torch.Tensor:
     """The distribution plain SGLang decoding samples from, as dense probs.
 
@@ -73,6 +76,25 @@ def target_probs(
             k <= 0 (the user-facing -1) disable it; k == 1 is greedy.
         temperature < GREEDY_TEMPERATURE_EPS: greedy, as if T = 1, top_k = 1.
         top_p = 1.0 and min_p = 0.0 disable those filters.
+
+    Sorting the whole vocabulary per row is most of this function's cost
+    (on a CPU, 1.3 s for 128 rows of a 152k vocabulary; a top-256 is 60x
+    less), and a row without filters needs no ranking at all (SGLang's simple
+    case: softmax, then a draw). Two ways to rank less, same result:
+
+        ranks: a bound the caller knows on the host (`SamplingRows.rank_bound`):
+            every row with a filter keeps at most `ranks` tokens (greedy and
+            top-k rows: k <= ranks), or 0 when no row filters. Only the `ranks`
+            most probable tokens of each row are ranked; unfiltered rows keep
+            the softmax as is.
+        probe: without such a bound, first rank only the `probe` most probable
+            tokens, and sort the whole vocabulary only for the rows whose kept
+            set does not end within them. That takes host reads of device
+            values: for callers on which they are free (a CPU).
+
+    With either, equal probabilities straddling the last ranked position may
+    keep a different token of the same probability than the full sort (as
+    SGLang's unstable sort may); every other value is the same.
 
     Args:
         logits: [N, V] float32 target logits (after penalties, bias, grammar).
@@ -91,10 +113,88 @@ def target_probs(
     k = torch.where((top_k <= 0) | (top_k >= vocab), torch.full_like(top_k, vocab), top_k)
     k = torch.where(greedy, torch.ones_like(k), k)
     probs = torch.softmax(logits.float() / temp.unsqueeze(-1), dim=-1)
-    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-    kept = sorted_probs * _keep_mask(sorted_probs, k, top_p.float(), min_p.float())
+    if ranks == 0:  # no row filters
+        return probs
+    top_p, min_p = top_p.float(), min_p.float()
+    if ranks is None and probe is not None and probe < vocab:
+        kept, covered = _filtered(probs, k, top_p, min_p, probe)
+        if not bool(covered.all()):  # host reads from here on
+            rows = torch.nonzero(~covered).squeeze(1)
+            kept[rows] = _filtered(probs[rows], k[rows], top_p[rows], min_p[rows], vocab)[0]
+        return kept
+    return _filtered(probs, k, top_p, min_p, min(ranks or vocab, vocab))[0]
+
+
+def target_probs_sparse(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    top_k: torch.Tensor,
+    min_p: torch.Tensor,
+    ranks: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`target_probs` for rows that all keep at most `ranks` tokens (every row
+    greedy or with 1 <= top_k <= ranks, as the caller knows on the host), as
+    the `ranks` tokens each row ranks and their probabilities: the same values
+    as the dense result's at those ids, every other id 0.
+
+    Args: as `target_probs`.
+    Returns:
+        ([N, ranks] int64 token ids, ascending per row; [N, ranks] float32
+        probabilities, zero where a filter drops the token).
+    """
+    _check_sampling_inputs(logits, temperature, top_p, top_k, min_p)
+    vocab = logits.shape[-1]
+    if not 1 <= ranks <= vocab:
+        raise ValueError(f"ranks={ranks} must be in [1, vocab = {vocab}]")
+    greedy = temperature < GREEDY_TEMPERATURE_EPS
+    temp = torch.where(greedy, torch.ones_like(temperature), temperature).float()
+    k = torch.where((top_k <= 0) | (top_k >= vocab), torch.full_like(top_k, vocab), top_k)
+    k = torch.where(greedy, torch.ones_like(k), k)
+    probs = torch.softmax(logits.float() / temp.unsqueeze(-1), dim=-1)
+    top, order = _top_ranks(probs, ranks)
+    kept = top * _keep_mask(top, k, top_p.float(), min_p.float())
     kept = kept / kept.sum(dim=-1, keepdim=True)
-    return torch.zeros_like(probs).scatter_(-1, order, kept)
+    ids, by_id = torch.sort(order, dim=-1)  # id order: the inverse CDF's, as over the vocabulary
+    return ids, kept.gather(-1, by_id)
+
+
+def _filtered(probs: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
+              ranks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What top-k, top-p and min-p keep of each row, judged on its `ranks` most
+    probable tokens (all of them when ranks = V), renormalized; rows without
+    filters as they are.
+
+    Args:
+        probs: [N, V] softmax(logits / T); k: [N] effective top-k in [1, V];
+        top_p, min_p: [N] float32.
+    Returns:
+        ([N, V] float32 probabilities, [N] bool: the row's kept set ends within
+        the ranked tokens, so the result is exact for it).
+    """
+    vocab = probs.shape[-1]
+    if ranks >= vocab:
+        top, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    else:
+        top, order = _top_ranks(probs, ranks)
+    kept = top * _keep_mask(top, k, top_p, min_p)
+    kept = kept / kept.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(probs).scatter_(-1, order, kept)
+    unfiltered = (k >= vocab) & (top_p >= 1.0) & (min_p <= 0.0)
+    # The first unranked token is dropped if top-k ends before it, the ranked
+    # mass already exceeds top_p, or min-p drops the last ranked (sorted: all after).
+    covered = (ranks >= vocab) | unfiltered | (k <= ranks) | (top.sum(dim=-1) > top_p)
+    covered |= top[:, -1] < top[:, 0] * min_p
+    return torch.where(unfiltered.unsqueeze(-1), probs, out), covered
+
+
+def _top_ranks(probs: torch.Tensor, ranks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `ranks` largest of each row, descending, equal values by token id
+    (as the stable sort orders them): ([N, ranks] values, [N, ranks] ids)."""
+    values, ids = torch.topk(probs, ranks, dim=-1)
+    ids, by_id = torch.sort(ids, dim=-1)
+    values, order = torch.sort(values.gather(-1, by_id), dim=-1, descending=True, stable=True)
+    return values, ids.gather(-1, order)
 
 
 def chain_rejection_sample(

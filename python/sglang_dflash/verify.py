@@ -18,8 +18,10 @@ from typing import Optional
 
 import torch
 
+from sglang_dflash import ops
 from sglang_dflash.ops import chain_rejection
-from sglang_dflash.rejection import AcceptResult, greedy_accept, target_probs
+from sglang_dflash.ops.rejection_ref import chain_rejection_sparse_p
+from sglang_dflash.rejection import AcceptResult, greedy_accept, target_probs, target_probs_sparse
 
 
 @dataclass
@@ -28,14 +30,41 @@ class SamplingRows:
     top_p: torch.Tensor  # [bs] float32
     top_k: torch.Tensor  # [bs] int64, 1 for greedy rows
     min_p: torch.Tensor  # [bs] float32
+    # The same filters as the host knows them, one (top_k, top_p, min_p) per
+    # request (SGLang keeps them on each request), or None if not known: they
+    # let `target_probs` rank fewer tokens (`rank_bound`) without a device read.
+    host_filters: Optional[tuple[tuple[int, float, float], ...]] = None
 
     @property
     def greedy(self) -> torch.Tensor:
         """[bs] bool rows decoded greedily."""
         return self.top_k <= 1
 
+    def rank_bound(self, vocab: int) -> Optional[int]:
+        """`target_probs`' ranks: 0 when no request filters, the largest top-k
+        when every filtering request has a top-k below `vocab` (greedy: 1),
+        else None (a top-p or min-p request without one)."""
+        if self.host_filters is None:
+            return None
+        bound = 0
+        for top_k, top_p, min_p in self.host_filters:
+            if 0 < top_k < vocab:
+                bound = max(bound, top_k)
+            elif top_p < 1.0 or min_p > 0.0:
+                return None
+        return bound
+
+    def sparse_bound(self, vocab: int) -> Optional[int]:
+        """The largest top-k when every request has one below `vocab` (greedy:
+        1), so p has at most that many nonzero entries per row; else None."""
+        if self.host_filters is None:
+            return None
+        ks = [top_k for top_k, _, _ in self.host_filters]
+        return max(ks) if ks and all(0 < k < vocab for k in ks) else None
+
     def repeat(self, n: int) -> "SamplingRows":
-        """Each row repeated n times (one per verify position), flattened."""
+        """Each row's tensors repeated n times (one per verify position),
+        flattened; the host filters stay with the unrepeated rows."""
         rep = lambda t: t.repeat_interleave(n)  # noqa: E731
         return SamplingRows(rep(self.temperature), rep(self.top_p), rep(self.top_k), rep(self.min_p))
 
@@ -57,6 +86,7 @@ def verify_block(
     *,
     q_ids: Optional[torch.Tensor] = None,
     q_probs: Optional[torch.Tensor] = None,
+    probe: Optional[int] = None,
 ) -> AcceptResult:
     """Accept a prefix of `drafts` and emit the bonus, per request.
 
@@ -70,6 +100,8 @@ def verify_block(
         q_ids, q_probs: [bs, S, K] the distribution each draft was drawn
             from (its candidates' ids and probabilities, zero elsewhere), or
             both None for deterministic drafts (one-hot q).
+        probe: `target_probs`' probe, for batches whose rows' kept tokens have
+            no host-known bound (a caller on which a device read is free).
     Returns:
         AcceptResult (accept_len [bs], tokens [bs, S+1] with the bonus at accept_len).
     """
@@ -81,14 +113,24 @@ def verify_block(
         return greedy_result
     if uniforms is None:
         raise ValueError("verify_block: sampled rows need pre-drawn uniforms")
-    flat = rows.repeat(width)
-    p = target_probs(logits.reshape(-1, vocab).float(), flat.temperature, flat.top_p, flat.top_k, flat.min_p)
-    p = p.view(bs, width, vocab)
     if (q_ids is None) != (q_probs is None):
         raise ValueError("verify_block: q_ids and q_probs come together")
     if q_ids is None:  # deterministic drafts: q is one-hot at the draft
-        q_ids, q_probs = drafts.unsqueeze(-1), torch.ones(drafts.shape + (1,), device=p.device)
-    sampled = chain_rejection(drafts, q_ids, q_probs, p, uniforms.accept, uniforms.sample)
+        q_ids, q_probs = drafts.unsqueeze(-1), torch.ones(drafts.shape + (1,), device=logits.device)
+    flat = rows.repeat(width)
+    sparse = rows.sparse_bound(vocab)
+    if sparse is not None and ops.backend(logits.device) == ops.BACKEND_TORCH:
+        # Every row keeps at most `sparse` tokens: nothing over the vocabulary
+        # past the softmax (the Triton kernel takes a dense p).
+        p_ids, p_probs = target_probs_sparse(logits.reshape(-1, vocab), flat.temperature, flat.top_p,
+                                             flat.top_k, flat.min_p, sparse)
+        sampled = chain_rejection_sparse_p(drafts, q_ids, q_probs, p_ids.view(bs, width, -1),
+                                           p_probs.view(bs, width, -1), uniforms.accept, uniforms.sample)
+    else:
+        p = target_probs(logits.reshape(-1, vocab).float(), flat.temperature, flat.top_p, flat.top_k, flat.min_p,
+                         ranks=rows.rank_bound(vocab), probe=probe)
+        sampled = chain_rejection(drafts, q_ids, q_probs, p.view(bs, width, vocab), uniforms.accept,
+                                  uniforms.sample)
     greedy = rows.greedy.unsqueeze(1)
     return AcceptResult(
         accept_len=torch.where(rows.greedy, greedy_result.accept_len, sampled.accept_len),

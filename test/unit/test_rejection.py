@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 from sglang_dflash.rejection import (
+    _filtered,
     PAD_TOKEN_ID,
     AcceptResult,
     chain_rejection_sample,
@@ -112,6 +113,92 @@ def test_target_probs_bad_shapes_raise():
         target_probs(logits[0], temperature, top_p, top_k, min_p)
     with pytest.raises(ValueError, match="top_k"):
         target_probs(logits, temperature, top_p, top_k[:2], min_p)
+
+
+def _mixed_filter_rows(n, vocab, gen, top_k_max):
+    """n rows of every kind: unfiltered, greedy (T = 0), top-k <= top_k_max
+    (alone or with top-p / min-p), at random temperatures; peaked logits (a
+    real model's nucleus is small) with no exact ties."""
+    logits = torch.randn(n, vocab, generator=gen) * 4
+    kind = torch.arange(n) % 5
+    temperature = torch.where(kind == 1, 0.0, torch.rand(n, generator=gen) + 0.3)
+    top_k = torch.where(kind >= 2, torch.randint(2, top_k_max + 1, (n,), generator=gen), TOP_K_ALL)
+    top_p = torch.where(kind == 3, torch.rand(n, generator=gen) * 0.8 + 0.1, 1.0)
+    min_p = torch.where(kind == 4, torch.rand(n, generator=gen) * 0.3, 0.0)
+    return logits, temperature, top_p, top_k, min_p
+
+
+def test_target_probs_ranks_bound_gives_the_full_sorts_result():
+    """With a host-known bound on what filtering rows keep, ranking only that
+    many tokens (unfiltered rows: the softmax) gives the full sort's p."""
+    gen = torch.Generator().manual_seed(5)
+    params = _mixed_filter_rows(60, 300, gen, top_k_max=12)
+    full = target_probs(*params)
+    bounded = target_probs(*params, ranks=12)
+    torch.testing.assert_close(bounded, full, rtol=0, atol=1e-6)
+    assert torch.equal(bounded > 0, full > 0)
+    # The reference (row by row, plain Python) agrees as well.
+    torch.testing.assert_close(bounded.double(), _reference_target_probs(*params), rtol=0, atol=1e-6)
+
+
+def test_target_probs_no_filters_is_the_softmax():
+    gen = torch.Generator().manual_seed(6)
+    logits = torch.randn(8, 50, generator=gen)
+    temperature = torch.rand(8, generator=gen) + 0.2
+    _, top_p, top_k, min_p = _sampling_params(8)
+    probs = target_probs(logits, temperature, top_p, top_k, min_p, ranks=0)
+    torch.testing.assert_close(probs, torch.softmax(logits / temperature.unsqueeze(-1), dim=-1))
+    torch.testing.assert_close(probs, target_probs(logits, temperature, top_p, top_k, min_p), rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("probe", [4, 16, 64])
+def test_target_probs_probe_falls_back_where_the_kept_set_passes_it(probe):
+    """Top-p and min-p rows (no host bound): the probe's p is the full sort's
+    whether or not a row's kept set ends within the probed tokens (flat rows
+    reach past the smaller probes; those rows alone are sorted again)."""
+    gen = torch.Generator().manual_seed(7)
+    n, vocab = 40, 200
+    logits = torch.randn(n, vocab, generator=gen) * torch.linspace(0.2, 6, n).unsqueeze(-1)
+    temperature = torch.rand(n, generator=gen) + 0.5
+    top_p = torch.where(torch.arange(n) % 2 == 0, torch.rand(n, generator=gen) * 0.9 + 0.05, 1.0)
+    min_p = torch.where(torch.arange(n) % 2 == 1, torch.rand(n, generator=gen) * 0.2, 0.0)
+    top_k = torch.full((n,), TOP_K_ALL)
+    full = target_probs(logits, temperature, top_p, top_k, min_p)
+    probed = target_probs(logits, temperature, top_p, top_k, min_p, probe=probe)
+    torch.testing.assert_close(probed, full, rtol=0, atol=1e-6)
+
+
+def test_target_probs_probe_kept_when_every_row_fits():
+    """Peaked rows whose nuclei all end within the probe: the probe's own result
+    (no sort) is returned, and it is the full sort's."""
+    gen = torch.Generator().manual_seed(9)
+    n, vocab, probe = 16, 500, 32
+    logits = torch.randn(n, vocab, generator=gen) * 8
+    temperature, top_p, top_k, min_p = _sampling_params(n, temperature=0.8, top_p=0.9, min_p=0.05)
+    probs = torch.softmax(logits / 0.8, dim=-1)
+    assert bool(_filtered(probs, torch.full((n,), vocab), top_p, min_p, probe)[1].all())
+    full = target_probs(logits, temperature, top_p, top_k, min_p)
+    torch.testing.assert_close(target_probs(logits, temperature, top_p, top_k, min_p, probe=probe), full,
+                               rtol=0, atol=1e-6)
+
+
+def test_filtered_rows_covered_only_when_the_kept_set_ends_within_the_ranks():
+    """`_filtered`'s per-row flag: a covered row equals the full sort's; a row
+    whose full kept set is larger than the ranked tokens is never covered."""
+    gen = torch.Generator().manual_seed(8)
+    n, vocab, ranks = 300, 120, 10
+    logits = torch.randn(n, vocab, generator=gen) * torch.rand(n, 1, generator=gen) * 8
+    temperature = torch.ones(n)
+    top_k = torch.where(torch.arange(n) % 3 == 0, torch.randint(1, 20, (n,), generator=gen), vocab)
+    top_p = torch.where(torch.arange(n) % 3 == 1, torch.rand(n, generator=gen), 1.0)
+    min_p = torch.where(torch.arange(n) % 3 == 2, torch.rand(n, generator=gen) * 0.5, 0.0)
+    probs = torch.softmax(logits, dim=-1)
+    full = target_probs(logits, temperature, top_p, top_k, min_p)
+    part, covered = _filtered(probs, top_k, top_p, min_p, ranks)
+    kept_count = (full > 0).sum(-1)
+    assert covered.any() and not covered.all()
+    torch.testing.assert_close(part[covered], full[covered], rtol=0, atol=1e-6)
+    assert not covered[kept_count > ranks].any()
 
 
 # --------------------------------------------------------------------------

@@ -89,6 +89,12 @@ def _open_trace():
 SYNC_CHECK_ENV = "SGLANG_DFLASH_CHECK_SYNCS"
 PAGED_ENV = "SGLANG_DFLASH_PAGED_CONTEXT"
 STATIC_ENV = "SGLANG_DFLASH_STATIC_DRAFT"
+FULL_SORT_ENV = "SGLANG_DFLASH_FULL_SORT"
+# Tokens ranked first for a top-p / min-p row on a CPU (at most a quarter of the
+# vocabulary): a top-1024 costs a twentieth of a full sort of a 152k vocabulary,
+# and nuclei of real models at the usual top-p rarely reach past it (a batch
+# with a row that does falls back to the sort).
+PROBE_RANKS = 1024
 
 
 class _SyncCheck:
@@ -179,6 +185,16 @@ class DFlashWorker(BaseSpecWorker):
         self.paged_context = (ops.backend(self.device) == ops.BACKEND_TRITON
                               or os.environ.get(PAGED_ENV, "0") == "1")
         self._syncs = _SyncCheck(where=check == "where") if check in ("1", "where") else None
+        # Sampled rows rank only what their filters can keep: a bound from the
+        # requests' own filters (host values), or, for top-p / min-p alone, a
+        # probe of the most probable tokens at the cost of one host read: only
+        # where that read is free, a CPU (the sync check runs the step as a CUDA
+        # device would). SGLANG_DFLASH_FULL_SORT=1 sorts the whole vocabulary
+        # for every sampled row instead (same p; for A/B checks and tests).
+        self._rank_less = os.environ.get(FULL_SORT_ENV, "0") != "1"
+        cpu = torch.device(self.device).type == "cpu"
+        vocab = int(self.model_runner.model_config.vocab_size)
+        self._probe = min(PROBE_RANKS, vocab // 4) if cpu and self._syncs is None and self._rank_less else None
         self.static_draft: StaticDraftStep | None = None  # init_cuda_graphs
         self._body = None  # the paged draft step (_paged_body)
         self.policy = self._build_policy()
@@ -462,7 +478,7 @@ class DFlashWorker(BaseSpecWorker):
                              model=self.policy.last_decision(bs),
                              bias=None if trials is None else round(trials.bias_at(bs), 4))
         anchor = draft_input.bonus_tokens.to(torch.int64)
-        sampling = _sampling_rows(batch.sampling_info, bs)
+        sampling = _sampling_rows(batch.sampling_info, batch.reqs if self._rank_less else None, bs)
         if width == 0:
             return self._decode_off(batch, draft_input, on_publish, anchor, prefix, sampling,
                                     grammar_barrier)
@@ -483,7 +499,7 @@ class DFlashWorker(BaseSpecWorker):
         self.verify_logits.adjust(batch, logits_output.next_token_logits, verify_ids, grammar_barrier)
         logits = logits_output.next_token_logits.view(bs, num_verify, -1)
         result = verify_block(proposal.drafts, logits, sampling, verify_u,
-                              q_ids=proposal.q_ids, q_probs=proposal.q_probs)
+                              q_ids=proposal.q_ids, q_probs=proposal.q_probs, probe=self._probe)
         if self.tp is not None:
             self.tp.check_same(torch.cat([result.tokens, result.accept_len.unsqueeze(1)], dim=1),
                                "the verified tokens")
@@ -528,7 +544,8 @@ class DFlashWorker(BaseSpecWorker):
         else:
             verify_u = self._draw_uniforms(batch.reqs, prefix, 0)[1]
             no_drafts = anchor.new_empty((bs, 0))
-            bonus = verify_block(no_drafts, logits.view(bs, 1, -1), sampling, verify_u).tokens[:, 0]
+            bonus = verify_block(no_drafts, logits.view(bs, 1, -1), sampling, verify_u,
+                                 probe=self._probe).tokens[:, 0]
         if self.tp is not None:
             self.tp.check_same(bonus, "the decoded tokens")
         self.verify_logits.on_commit(batch, bonus.unsqueeze(1), None)
@@ -839,15 +856,21 @@ def get_spec_seed(server_args) -> int:
     return 0 if seed is None else seed
 
 
-def _sampling_rows(sampling_info, bs: int):
-    """Per-request sampling parameters, or None when every request is greedy."""
+def _sampling_rows(sampling_info, reqs, bs: int):
+    """Per-request sampling parameters, or None when every request is greedy.
+    The filters also as the requests hold them on the host, when `reqs` are the
+    batch's rows (SGLang builds `top_ks` etc. from them, in order)."""
     if sampling_info is None or sampling_info.is_all_greedy:
         return None
+    host = None
+    if reqs is not None and len(reqs) == bs:
+        host = tuple((r.sampling_params.top_k, r.sampling_params.top_p, r.sampling_params.min_p) for r in reqs)
     return SamplingRows(
         temperature=sampling_info.temperatures.view(bs).float(),
         top_p=sampling_info.top_ps.view(bs).float(),
         top_k=sampling_info.top_ks.view(bs).to(torch.int64),
         min_p=sampling_info.min_ps.view(bs).float(),
+        host_filters=host,
     )
 
 

@@ -75,6 +75,53 @@ def chain_rejection_sample_uniforms(
     return AcceptResult(accept_len, _assemble_tokens(draft_tokens, accept_len, emitted))
 
 
+def chain_rejection_sparse_p(
+    draft_tokens: torch.Tensor,
+    q_ids: torch.Tensor,
+    q_probs: torch.Tensor,
+    p_ids: torch.Tensor,
+    p_probs: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+    sample_uniforms: torch.Tensor,
+) -> AcceptResult:
+    """`chain_rejection_sample_uniforms` with p given sparse, as
+    `rejection.target_probs_sparse` makes it for top-k rows: R ids per row
+    (ascending) and their probabilities, 0 elsewhere. The same tokens from the
+    same uniforms: p's zeros add nothing to the accept tests, the residual or
+    its float64 CDF, so nothing over the vocabulary is needed.
+
+    Args:
+        draft_tokens: [bs, S]; q_ids, q_probs: [bs, S, K] (as the dense twin);
+        p_ids: [bs, S+1, R] int64 ascending per row; p_probs: [bs, S+1, R] float32;
+        accept_uniforms: [bs, S]; sample_uniforms: [bs, S+1].
+    Returns:
+        AcceptResult with accept_len [bs] and tokens [bs, S+1].
+    """
+    bs, num_slots = draft_tokens.shape
+    if p_ids.shape != p_probs.shape or p_ids.shape[:2] != (bs, num_slots + 1):
+        raise ValueError(f"p_ids {tuple(p_ids.shape)} and p_probs {tuple(p_probs.shape)} must be "
+                         f"[{bs}, {num_slots + 1}, R] for drafts {tuple(draft_tokens.shape)}")
+    drafts = draft_tokens.long().unsqueeze(-1)  # [bs, S, 1]
+    p_draft = torch.where(p_ids[:, :num_slots] == drafts, p_probs[:, :num_slots].float(), 0.0).sum(-1)
+    q_draft = torch.where(q_ids.long() == drafts, q_probs.float(), 0.0).sum(-1)  # [bs, S]
+    accepted = accept_uniforms.float() * q_draft < p_draft  # [bs, S]
+    accept_len = _leading_true(accepted)
+    batch = torch.arange(bs, device=p_ids.device)
+    ids = p_ids[batch, accept_len]  # [bs, R]
+    p_row = p_probs[batch, accept_len].float()
+    weights = p_row
+    if num_slots > 0:  # q at the first rejection over p's ids (zero after S accepts)
+        slot = accept_len.clamp(max=num_slots - 1)
+        match = ids.unsqueeze(-1) == q_ids[batch, slot].long().unsqueeze(1)  # [bs, R, K]
+        q_row = torch.where(match, q_probs[batch, slot].float().unsqueeze(1), 0.0).sum(-1)
+        q_row = torch.where((accept_len < num_slots).unsqueeze(1), q_row, 0.0)
+        residual = (p_row - q_row).clamp(min=0)
+        weights = torch.where(residual.sum(-1, keepdim=True) <= 0, p_row, residual)
+    v = torch.gather(sample_uniforms.float(), 1, accept_len.unsqueeze(1)).squeeze(1)
+    emitted = ids.gather(1, inverse_cdf(weights, v).unsqueeze(1)).squeeze(1)
+    return AcceptResult(accept_len, _assemble_tokens(draft_tokens, accept_len, emitted))
+
+
 def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Draw one index per row of unnormalized non-negative weights.
 
