@@ -108,11 +108,7 @@ def target_probs(
     """
     _check_sampling_inputs(logits, temperature, top_p, top_k, min_p)
     vocab = logits.shape[-1]
-    greedy = temperature < GREEDY_TEMPERATURE_EPS  # [N]
-    temp = torch.where(greedy, torch.ones_like(temperature), temperature).float()
-    k = torch.where((top_k <= 0) | (top_k >= vocab), torch.full_like(top_k, vocab), top_k)
-    k = torch.where(greedy, torch.ones_like(k), k)
-    probs = torch.softmax(logits.float() / temp.unsqueeze(-1), dim=-1)
+    probs, k = _softmax_and_top_k(logits, temperature, top_k)
     if ranks == 0:  # no row filters
         return probs
     top_p, min_p = top_p.float(), min_p.float()
@@ -147,14 +143,9 @@ def target_probs_sparse(
     vocab = logits.shape[-1]
     if not 1 <= ranks <= vocab:
         raise ValueError(f"ranks={ranks} must be in [1, vocab = {vocab}]")
-    greedy = temperature < GREEDY_TEMPERATURE_EPS
-    temp = torch.where(greedy, torch.ones_like(temperature), temperature).float()
-    k = torch.where((top_k <= 0) | (top_k >= vocab), torch.full_like(top_k, vocab), top_k)
-    k = torch.where(greedy, torch.ones_like(k), k)
-    probs = torch.softmax(logits.float() / temp.unsqueeze(-1), dim=-1)
+    probs, k = _softmax_and_top_k(logits, temperature, top_k)
     top, order = _top_ranks(probs, ranks)
-    kept = top * _keep_mask(top, k, top_p.float(), min_p.float())
-    kept = kept / kept.sum(dim=-1, keepdim=True)
+    kept = _kept(top, k, top_p.float(), min_p.float())
     ids, by_id = torch.sort(order, dim=-1)  # id order: the inverse CDF's, as over the vocabulary
     return ids, kept.gather(-1, by_id)
 
@@ -177,15 +168,31 @@ def _filtered(probs: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor, min_p: 
         top, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     else:
         top, order = _top_ranks(probs, ranks)
-    kept = top * _keep_mask(top, k, top_p, min_p)
-    kept = kept / kept.sum(dim=-1, keepdim=True)
-    out = torch.zeros_like(probs).scatter_(-1, order, kept)
+    out = torch.zeros_like(probs).scatter_(-1, order, _kept(top, k, top_p, min_p))
     unfiltered = (k >= vocab) & (top_p >= 1.0) & (min_p <= 0.0)
     # The first unranked token is dropped if top-k ends before it, the ranked
     # mass already exceeds top_p, or min-p drops the last ranked (sorted: all after).
     covered = (ranks >= vocab) | unfiltered | (k <= ranks) | (top.sum(dim=-1) > top_p)
     covered |= top[:, -1] < top[:, 0] * min_p
     return torch.where(unfiltered.unsqueeze(-1), probs, out), covered
+
+
+def _softmax_and_top_k(logits: torch.Tensor, temperature: torch.Tensor,
+                       top_k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(logits / T) [N, V] and the effective top-k [N] in [1, V], with
+    SGLang's conventions (greedy rows: T = 1, k = 1; k <= 0 or >= V: V)."""
+    vocab = logits.shape[-1]
+    greedy = temperature < GREEDY_TEMPERATURE_EPS  # [N]
+    temp = torch.where(greedy, torch.ones_like(temperature), temperature).float()
+    k = torch.where((top_k <= 0) | (top_k >= vocab), torch.full_like(top_k, vocab), top_k)
+    k = torch.where(greedy, torch.ones_like(k), k)
+    return torch.softmax(logits.float() / temp.unsqueeze(-1), dim=-1), k
+
+
+def _kept(top: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Ranked probabilities [N, R] (descending) with the filtered ones zeroed, renormalized."""
+    kept = top * _keep_mask(top, k, top_p, min_p)
+    return kept / kept.sum(dim=-1, keepdim=True)
 
 
 def _top_ranks(probs: torch.Tensor, ranks: int) -> tuple[torch.Tensor, torch.Tensor]:

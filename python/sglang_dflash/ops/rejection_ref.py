@@ -108,15 +108,13 @@ def chain_rejection_sparse_p(
     accept_len = _leading_true(accepted)
     batch = torch.arange(bs, device=p_ids.device)
     ids = p_ids[batch, accept_len]  # [bs, R]
-    p_row = p_probs[batch, accept_len].float()
-    weights = p_row
+    q_row = None
     if num_slots > 0:  # q at the first rejection over p's ids (zero after S accepts)
         slot = accept_len.clamp(max=num_slots - 1)
         match = ids.unsqueeze(-1) == q_ids[batch, slot].long().unsqueeze(1)  # [bs, R, K]
         q_row = torch.where(match, q_probs[batch, slot].float().unsqueeze(1), 0.0).sum(-1)
         q_row = torch.where((accept_len < num_slots).unsqueeze(1), q_row, 0.0)
-        residual = (p_row - q_row).clamp(min=0)
-        weights = torch.where(residual.sum(-1, keepdim=True) <= 0, p_row, residual)
+    weights = _emit_distribution(q_row, p_probs, accept_len)  # [bs, R]: the residual over p's ids
     v = torch.gather(sample_uniforms.float(), 1, accept_len.unsqueeze(1)).squeeze(1)
     emitted = ids.gather(1, inverse_cdf(weights, v).unsqueeze(1)).squeeze(1)
     return AcceptResult(accept_len, _assemble_tokens(draft_tokens, accept_len, emitted))
