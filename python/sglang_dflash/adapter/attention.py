@@ -32,6 +32,7 @@ one shared KV head, which the generic paths already do.
 from __future__ import annotations
 
 import contextlib
+import os
 
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from sglang.srt.layers.radix_attention import AttentionType
@@ -39,6 +40,10 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc, MLATokenToKVPool
 from torch.nn.functional import scaled_dot_product_attention
 
 from sglang_dflash.verify_attention import verify_attention
+
+# SGLANG_DFLASH_DECODE_LOOP=1 keeps upstream's DECODE (one SDPA call per
+# request) on every batch: for A/B runs and as the way back.
+DECODE_LOOP_ENV = "SGLANG_DFLASH_DECODE_LOOP"
 
 
 class SlotsThroughMapping:
@@ -58,6 +63,10 @@ class VerifyCapableTorchNativeAttnBackend(TorchNativeAttnBackend):
     # SlotsThroughMapping while a windowed-pool layer runs (see _reads_for).
     _window_slots = None
 
+    def __init__(self, model_runner):
+        super().__init__(model_runner)
+        self._decode_loop = os.environ.get(DECODE_LOOP_ENV, "0") == "1"
+
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         if forward_batch.forward_mode.is_target_verify():
             return self._forward_target_verify(q, k, v, layer, forward_batch, save_kv_cache)
@@ -67,6 +76,11 @@ class VerifyCapableTorchNativeAttnBackend(TorchNativeAttnBackend):
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+        if not self._decode_loop and _batched_decode(layer, forward_batch):
+            # A decode row is a one-token block on top of the request's
+            # committed tokens (DECODE lengths count the new one).
+            return self._attend_over_prefix(q, k, v, layer, forward_batch, save_kv_cache,
+                                            forward_batch.seq_lens - 1, 1, _decode_span(forward_batch))
         with self._reads_for(layer):
             return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
 
@@ -126,15 +140,23 @@ class VerifyCapableTorchNativeAttnBackend(TorchNativeAttnBackend):
             raise NotImplementedError(
                 "torch_native TARGET_VERIFY supports causal decoder self-attention only"
             )
+        width = int(forward_batch.spec_info.draft_token_num)
+        # Only the columns the block can see: the table is as wide as the model's
+        # context, and a full row per request per layer is a large copy.
+        span = int(forward_batch.seq_lens.max()) + width
+        return self._attend_over_prefix(q, k, v, layer, forward_batch, save_kv_cache, forward_batch.seq_lens,
+                                        width, span, tree_mask=_tree_mask(forward_batch, width))
+
+    def _attend_over_prefix(self, q, k, v, layer, forward_batch, save_kv_cache, prefix_lens, width, span,
+                            tree_mask=None):
+        """A `width`-token block per request on top of its prefix_lens [bs]
+        cached tokens, through `verify_attention` (length-sorted groups, one
+        SDPA each); `span` bounds every request's prefix + width."""
         if save_kv_cache and k is not None and v is not None:
             self.token_to_kv_pool.set_kv_buffer(
                 layer, KVWriteLoc(forward_batch.out_cache_loc, self.swa_out_cache_loc), k, v
             )
         window = layer.sliding_window_size
-        width = int(forward_batch.spec_info.draft_token_num)
-        # Only the columns the block can see: the table is as wide as the model's
-        # context, and a full row per request per layer is a large copy.
-        span = int(forward_batch.seq_lens.max()) + width
         rows = self.req_to_token_pool.req_to_token[forward_batch.req_pool_indices, :span]
         if self._in_window_pool(layer):
             rows = self.token_to_kv_pool.translate_loc_from_full_to_swa(rows)
@@ -144,13 +166,30 @@ class VerifyCapableTorchNativeAttnBackend(TorchNativeAttnBackend):
             self.token_to_kv_pool.get_key_buffer(layer.layer_id),
             self.token_to_kv_pool.get_value_buffer(layer.layer_id),
             rows,
-            forward_batch.seq_lens,
+            prefix_lens,
             width,
             scaling=layer.scaling,
             sliding_window=window if window is not None and window > -1 else None,
-            tree_mask=_tree_mask(forward_batch, width),
+            tree_mask=tree_mask,
         )
         return out.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
+
+
+def _batched_decode(layer, forward_batch) -> bool:
+    """DECODE through the grouped path: a decoder self-attention batch of two
+    or more requests. Upstream's loop calls SDPA once per request, whose fixed
+    cost outweighs the attention itself at the contexts a CPU serves; with one
+    request the loop's maskless call is the cheaper one (docs/decisions.md).
+    Cross-attention and encoder-decoder batches keep upstream's loop."""
+    return (forward_batch.seq_lens.shape[0] >= 2 and not layer.is_cross_attention
+            and layer.attn_type == AttentionType.DECODER and forward_batch.encoder_lens is None)
+
+
+def _decode_span(forward_batch) -> int:
+    """Slot-table columns a DECODE batch reads (its longest length), from the
+    host copy of the lengths when the batch has one."""
+    lens = forward_batch.seq_lens_cpu if forward_batch.seq_lens_cpu is not None else forward_batch.seq_lens
+    return int(lens.max())
 
 
 def _tree_mask(forward_batch, width):
