@@ -19,7 +19,13 @@ read them at the untranslated ones: right only while both allocators happen
 to hand out the same ids, then wrong values, and an IndexError once a full
 slot id passes the windowed pool's size. Here every read of a sliding
 layer (EXTEND, DECODE, TARGET_VERIFY) goes through the mapping; otherwise
-EXTEND and DECODE behave exactly as upstream.
+EXTEND behaves exactly as upstream.
+
+DECODE of two or more requests is a one-token verify block per request and
+goes through the same grouped attention (one SDPA call per length-sorted
+group, not upstream's call per request), in every server the plugin is
+loaded in, so plain decoding, speculation off and verify steps share one
+attention. Its output equals upstream's loop within float rounding.
 
 Multi-head latent attention targets (DeepSeek-V2/V3, Kimi-K2.5) prefill a batch
 with no cached prefix through per-head K/V while caching the compressed latent
@@ -79,8 +85,9 @@ class VerifyCapableTorchNativeAttnBackend(TorchNativeAttnBackend):
         if not self._decode_loop and _batched_decode(layer, forward_batch):
             # A decode row is a one-token block on top of the request's
             # committed tokens (DECODE lengths count the new one).
-            return self._attend_over_prefix(q, k, v, layer, forward_batch, save_kv_cache,
-                                            forward_batch.seq_lens - 1, 1, _decode_span(forward_batch))
+            lens = forward_batch.seq_lens
+            return self._attend_over_prefix(q, k, v, layer, forward_batch, save_kv_cache, lens - 1, 1,
+                                            int(lens.max()))
         with self._reads_for(layer):
             return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
 
@@ -183,13 +190,6 @@ def _batched_decode(layer, forward_batch) -> bool:
     Cross-attention and encoder-decoder batches keep upstream's loop."""
     return (forward_batch.seq_lens.shape[0] >= 2 and not layer.is_cross_attention
             and layer.attn_type == AttentionType.DECODER and forward_batch.encoder_lens is None)
-
-
-def _decode_span(forward_batch) -> int:
-    """Slot-table columns a DECODE batch reads (its longest length), from the
-    host copy of the lengths when the batch has one."""
-    lens = forward_batch.seq_lens_cpu if forward_batch.seq_lens_cpu is not None else forward_batch.seq_lens
-    return int(lens.max())
 
 
 def _tree_mask(forward_batch, width):
