@@ -35,31 +35,64 @@ class PenaltyParams:
 
 
 class OutputCounts:
-    """Committed output tokens per request slot: counts [slots, V] and lengths [slots].
+    """Committed output tokens per request slot: counts [rows, V] and lengths [rows].
 
-    Rows are indexed by SGLang's request pool slot (`req_pool_indices`), which a
-    request keeps while it runs; a new request's prefill resets its row."""
+    Requests are named by SGLang's request pool slot (`req_pool_indices`), which
+    a request keeps while it runs; a new request's prefill resets its slot. A
+    slot gets a row of its own the first time it is reset, and keeps it: the
+    pool hands out slots last-freed-first, so the rows in use follow the peak
+    number of running requests, not the pool's size (thousands of slots when
+    `--max-running-requests` is left to SGLang; a row is 4 bytes a vocabulary
+    entry). Slots never reset share row 0, a scratch row that is written but
+    never read: only reset requests are penalized."""
 
-    def __init__(self, num_slots: int, vocab_size: int, device) -> None:
-        self.counts = torch.zeros((num_slots, vocab_size), dtype=torch.float32, device=device)
-        self.lengths = torch.zeros(num_slots, dtype=torch.int64, device=device)
+    def __init__(self, num_slots: int, vocab_size: int, device, capacity: int = 16) -> None:
+        self.vocab_size, self.device = vocab_size, device
+        self.row_of = torch.zeros(num_slots, dtype=torch.int64, device=device)  # slot -> row
+        self._rows: dict[int, int] = {}  # host copy of row_of's assigned entries
+        self.counts = torch.zeros((max(capacity, 2), vocab_size), dtype=torch.float32, device=device)
+        self.lengths = torch.zeros(max(capacity, 2), dtype=torch.int64, device=device)
+
+    def rows(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(counts [n, V], lengths [n]) of slots [n] (copies)."""
+        rows = self.row_of[slots]
+        return self.counts[rows], self.lengths[rows]
 
     def reset(self, slots: torch.Tensor, tokens: list[list[int]]) -> None:
-        """Rows `slots` [n] start over with the output tokens `tokens[i]` (host lists)."""
-        self.counts[slots] = 0.0
-        self.lengths[slots] = torch.tensor([len(t) for t in tokens], device=self.lengths.device)
-        for row, toks in zip(slots.tolist(), tokens):
+        """Rows of `slots` [n] start over with the output tokens `tokens[i]` (host lists)."""
+        host_slots = slots.tolist()
+        self._assign(host_slots)
+        rows = self.row_of[slots]
+        self.counts[rows] = 0.0
+        self.lengths[rows] = torch.tensor([len(t) for t in tokens], dtype=torch.int64, device=self.lengths.device)
+        for slot, toks in zip(host_slots, tokens):
             if toks:
                 index = torch.tensor(toks, dtype=torch.int64, device=self.counts.device)
-                self.counts[row].scatter_add_(0, index, torch.ones_like(index, dtype=torch.float32))
+                self.counts[self._rows[slot]].scatter_add_(0, index, torch.ones_like(index, dtype=torch.float32))
 
     def add(self, slots: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor) -> None:
-        """Count tokens [n, m] where keep [n, m] (committed ones) into rows `slots` [n]."""
-        rows = self.counts[slots]  # [n, V] copy
+        """Count tokens [n, m] where keep [n, m] (committed ones) into the rows of slots [n]."""
+        rows = self.row_of[slots]
+        counts = self.counts[rows]  # [n, V] copy
         index = torch.where(keep, tokens.long(), 0)  # padding may lie outside the vocabulary
-        rows.scatter_add_(1, index, keep.to(rows.dtype))
-        self.counts[slots] = rows
-        self.lengths[slots] += keep.sum(dim=1)
+        counts.scatter_add_(1, index, keep.to(counts.dtype))
+        self.counts[rows] = counts
+        self.lengths[rows] += keep.sum(dim=1)
+
+    def _assign(self, slots: list[int]) -> None:
+        new = [s for s in dict.fromkeys(slots) if s not in self._rows]
+        if not new:
+            return
+        first = len(self._rows) + 1  # row 0 is the scratch row
+        needed = first + len(new)
+        if needed > self.counts.shape[0]:
+            grown = max(needed, 2 * self.counts.shape[0])
+            self.counts = torch.cat([self.counts, self.counts.new_zeros(grown - self.counts.shape[0], self.vocab_size)])
+            self.lengths = torch.cat([self.lengths, self.lengths.new_zeros(grown - self.lengths.shape[0])])
+        for i, slot in enumerate(new):
+            self._rows[slot] = first + i
+        self.row_of[torch.tensor(new, device=self.row_of.device)] = torch.arange(
+            first, needed, device=self.row_of.device)
 
 
 def _first_occurrence(drafts: torch.Tensor) -> torch.Tensor:

@@ -72,12 +72,39 @@ def test_a_wrong_block_rule_is_detected():
     assert not torch.equal(shortcut, want)
 
 
+def _row(state, slot):
+    counts, lengths = state.rows(torch.tensor([slot]))
+    return counts[0].tolist(), int(lengths[0])
+
+
 def test_output_counts_reset_and_add_committed_tokens():
     state = OutputCounts(num_slots=4, vocab_size=6, device="cpu")
     state.reset(torch.tensor([1, 3]), [[2], [5, 5, 0]])
-    assert state.counts[3].tolist() == [1, 0, 0, 0, 0, 2] and state.lengths.tolist() == [0, 1, 0, 3]
+    assert _row(state, 3) == ([1, 0, 0, 0, 0, 2], 3) and _row(state, 1) == ([0, 0, 1, 0, 0, 0], 1)
     out = torch.tensor([[4, 2, 9], [1, 1, 9]])  # [d_1, d_2, bonus]; 9 marks padding
     keep = commit_keep(torch.tensor([1, 0]), 3)  # request 0 accepted 1 draft, request 1 none
     state.add(torch.tensor([1, 3]), out, keep)
-    assert state.counts[1].tolist() == [0, 0, 2, 0, 1, 0] and state.lengths[1] == 3
-    assert state.counts[3].tolist() == [1, 1, 0, 0, 0, 2] and state.lengths[3] == 4
+    assert _row(state, 1) == ([0, 0, 2, 0, 1, 0], 3)
+    assert _row(state, 3) == ([1, 1, 0, 0, 0, 2], 4)
+
+
+def test_output_counts_rows_follow_the_slots_in_use_not_the_pool():
+    """A pool of thousands of slots (SGLang's default without --max-running-requests)
+    allocates rows only for slots that were reset; growing keeps the counts; slots
+    never reset write to the scratch row and leave every other row alone."""
+    state = OutputCounts(num_slots=4096, vocab_size=5, device="cpu", capacity=2)
+    assert state.counts.shape[0] == 2
+    state.reset(torch.tensor([4095]), [[1, 1]])
+    for wave in range(3):  # slots come back last-freed-first: the same few
+        slots = torch.tensor([4095, 4094, 4093][: wave + 1])
+        state.reset(slots[1:], [[] for _ in slots[1:]])
+        state.add(slots, torch.full((len(slots), 1), 2), torch.ones(len(slots), 1, dtype=torch.bool))
+    assert state.counts.shape[0] <= 8 and len(state._rows) == 3
+    assert _row(state, 4095) == ([0, 2, 3, 0, 0], 5)
+    assert _row(state, 4093) == ([0, 0, 1, 0, 0], 1)
+    before = state.counts[1:].clone()
+    state.add(torch.tensor([7, 4095]), torch.tensor([[3], [4]]), torch.ones(2, 1, dtype=torch.bool))
+    assert _row(state, 4095) == ([0, 2, 3, 0, 1], 6)  # its own row only
+    assert torch.equal(state.counts[2:], before[1:])  # the other slots' rows untouched
+    state.reset(torch.tensor([4095]), [[0]])  # a new request in a reused slot starts over
+    assert _row(state, 4095) == ([1, 0, 0, 0, 0], 1) and len(state._rows) == 3

@@ -5,9 +5,11 @@ Installed as a HookRegistry REPLACE of
 upstream: CPU is a supported device; the drafter checkpoint is validated here,
 in the launching process, so a broken drafter fails start-up with the reason
 before any worker process is spawned; the block size defaults to the
-drafter's own `block_size`; SGLang's overlap scheduler is left on unless
-the user disables it (`--disable-overlap-schedule`). Every decision is
-written through `declare_resolution`, like upstream, never by plain assignment.
+drafter's own `block_size`; on a CPU `--max-running-requests` is left to
+SGLang's plain default instead of the speculative cap of 48; SGLang's
+overlap scheduler is left on unless the user disables it
+(`--disable-overlap-schedule`). Every decision is written through
+`declare_resolution`, like upstream, never by plain assignment.
 """
 
 from __future__ import annotations
@@ -25,7 +27,17 @@ from sglang_dflash.target_support import unsupported_target_reason
 logger = logging.getLogger(__name__)
 
 SOURCE = "sglang_dflash._handle_dflash"
-DEFAULT_MAX_RUNNING_REQUESTS = 48
+CUDA_MAX_RUNNING_REQUESTS = 48  # SGLang's default for every speculative algorithm
+
+
+def default_max_running_requests(device) -> int | None:
+    """`--max-running-requests` when the user gave none: SGLang's speculative
+    default on CUDA (unmeasured there by us, so upstream's choice stands), and
+    on a CPU nothing, so the scheduler sizes it as for plain decoding. A cap
+    below plain's makes a loaded server queue requests that plain decoding
+    would batch, at the load where speculation is off and the two should run
+    level (docs/decisions.md)."""
+    return None if str(device) == "cpu" else CUDA_MAX_RUNNING_REQUESTS
 
 
 def is_dflash(algorithm) -> bool:
@@ -177,8 +189,8 @@ def handle_dflash(server_args) -> None:
     if cfg.speculative_draft_attention_backend is None:
         # Our drafter runs its own attention; record the target's for tools that read it.
         fields["speculative_draft_attention_backend"] = cfg.attention_backend
-    if cfg.max_running_requests is None:
-        fields["max_running_requests"] = DEFAULT_MAX_RUNNING_REQUESTS
+    if cfg.max_running_requests is None and default_max_running_requests(cfg.device) is not None:
+        fields["max_running_requests"] = default_max_running_requests(cfg.device)
     declare_resolution(server_args, SOURCE, **fields)
     logger.info(
         "sglang-dflash: DFLASH with a v%d drafter, block size %d, policy %s",

@@ -108,8 +108,8 @@ class VerifyLogits:
         view = logits.view(bs, rows, -1)
         if self.outputs is not None and any(penalized(req) for req in batch.reqs):
             slots = batch.req_pool_indices.to(torch.int64)
-            apply_block_penalties(view, verify_ids[:, 1:], self.outputs.counts[slots],
-                                  self.outputs.lengths[slots], self._params(batch.reqs))
+            counts, lengths = self.outputs.rows(slots)
+            apply_block_penalties(view, verify_ids[:, 1:], counts, lengths, self._params(batch.reqs))
         if batch.has_grammar:
             mask = build_grammar_vocab_mask(
                 reqs=batch.reqs, tree=GrammarTree.from_linear_chain(verify_ids),
