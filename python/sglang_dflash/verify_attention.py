@@ -54,6 +54,8 @@ def _attend(query, k_cache, v_cache, token_rows, prefix_lens, width, scaling, sl
     """query: [n, width, heads, d] -> [n, width, heads, d_v], padded to this group's longest context."""
     n, _, heads, _ = query.shape
     kv_len = int(prefix_lens.max()) + width
+    if n == 1 and width == 1 and tree_mask is None:
+        return _attend_one(query, k_cache, v_cache, token_rows, kv_len, scaling, sliding_window)
     slots = token_rows[:, :kv_len].contiguous()  # one copy of the strided slice for K and V
     keys = gather_rows(k_cache, slots).transpose(1, 2)  # [n, kv_heads, L, d]
     values = gather_rows(v_cache, slots).transpose(1, 2)
@@ -73,5 +75,20 @@ def _attend(query, k_cache, v_cache, token_rows, prefix_lens, width, scaling, sl
     out = torch.nn.functional.scaled_dot_product_attention(
         query.transpose(1, 2), keys.to(query.dtype), values.to(query.dtype), attn_mask=mask.unsqueeze(1),
         scale=scaling, enable_gqa=keys.shape[1] != heads,
+    )
+    return out.transpose(1, 2)
+
+
+def _attend_one(query, k_cache, v_cache, token_rows, kv_len, scaling, sliding_window):
+    """One request's one query (a decode row) over its kv_len keys: every key it
+    may see is a contiguous run of columns (the window's, or all), so it is
+    gathered alone and attended without a mask, SDPA's cheapest call."""
+    first = 0 if sliding_window is None else max(0, kv_len - 1 - sliding_window)
+    slots = token_rows[:, first:kv_len].contiguous()
+    keys = gather_rows(k_cache, slots).transpose(1, 2)  # [1, kv_heads, L, d]
+    values = gather_rows(v_cache, slots).transpose(1, 2)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.transpose(1, 2), keys.to(query.dtype), values.to(query.dtype), scale=scaling,
+        enable_gqa=keys.shape[1] != query.shape[2],
     )
     return out.transpose(1, 2)

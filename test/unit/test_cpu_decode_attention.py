@@ -1,8 +1,8 @@
-"""The torch_native backend's DECODE on a CPU: a batch of two or more
-requests attends in length-sorted groups (`verify_attention` with a one-token
-block); its output equals upstream's per-request loop, on SGLang's own KV
-pools, with grouped-query heads, a sliding window and a hybrid pool's
-windowed layers (read through the full -> windowed slot mapping)."""
+"""The torch_native backend's DECODE on a CPU: a batch attends in
+length-sorted groups (`verify_attention` with a one-token block; one request
+unmasked over the keys it may see); its output equals upstream's per-request
+loop, on SGLang's own KV pools, with grouped-query heads, a sliding window and
+a hybrid pool's windowed layers (read through the full -> windowed slot mapping)."""
 
 from types import SimpleNamespace
 
@@ -62,8 +62,9 @@ def _decode(pool, req_pool, forward_batch, layer, q, k, v, loop: bool, monkeypat
         return backend.forward_decode(q, k, v, layer, forward_batch)
 
 
-@pytest.mark.parametrize("lens", [[5, 9], [1, 40, 7, 300, 12], [int(n) for n in torch.arange(3, 320, 15)]],
-                         ids=["2", "5", "22"])
+@pytest.mark.parametrize("lens", [[3], [300], [5, 9], [1, 40, 7, 300, 12],
+                                  [int(n) for n in torch.arange(3, 320, 15)]],
+                         ids=["1-inside-window", "1", "2", "5", "22"])
 @pytest.mark.parametrize("kind", ["full", "window", "hybrid-windowed", "hybrid-full"])
 def test_grouped_decode_equals_upstream_loop(lens, kind, monkeypatch):
     gen = torch.Generator().manual_seed(len(lens))
@@ -84,7 +85,7 @@ def test_grouped_decode_equals_upstream_loop(lens, kind, monkeypatch):
     torch.testing.assert_close(grouped, loop, rtol=1e-5, atol=1e-5)
 
 
-def test_one_request_and_cross_attention_keep_upstream_loop(monkeypatch):
+def test_cross_attention_keeps_upstream_loop(monkeypatch):
     gen = torch.Generator().manual_seed(0)
     pool = _pool(False)
     calls = []
@@ -97,11 +98,11 @@ def test_one_request_and_cross_attention_keep_upstream_loop(monkeypatch):
     monkeypatch.setattr(TorchNativeAttnBackend, "_run_sdpa_forward_decode", counted)
     backend = VerifyCapableTorchNativeAttnBackend(
         SimpleNamespace(device="cpu", req_to_token_pool=None, token_to_kv_pool=pool))
-    for lens, cross in (([9], False), ([9, 4], True)):
+    for lens in ([9], [9, 4]):
         req_pool, forward_batch = _batch(lens, gen)
         backend.req_to_token_pool = req_pool
         forward_batch.encoder_out_cache_loc = forward_batch.out_cache_loc
-        layer = RadixAttention(HEADS, DIM, DIM ** -0.5, KV_HEADS, layer_id=0, is_cross_attention=cross)
+        layer = RadixAttention(HEADS, DIM, DIM ** -0.5, KV_HEADS, layer_id=0, is_cross_attention=True)
         backend.init_forward_metadata(forward_batch)
         q = torch.randn(len(lens), HEADS * DIM, generator=gen)
         backend.forward_decode(q, None, None, layer, forward_batch, save_kv_cache=False)

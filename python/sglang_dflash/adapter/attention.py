@@ -21,11 +21,12 @@ slot id passes the windowed pool's size. Here every read of a sliding
 layer (EXTEND, DECODE, TARGET_VERIFY) goes through the mapping; otherwise
 EXTEND behaves exactly as upstream.
 
-DECODE of two or more requests is a one-token verify block per request and
-goes through the same grouped attention (one SDPA call per length-sorted
-group, not upstream's call per request), in every server the plugin is
-loaded in, so plain decoding, speculation off and verify steps share one
-attention. Its output equals upstream's loop within float rounding.
+DECODE is a one-token verify block per request and goes through the same
+grouped attention (one SDPA call per length-sorted group, not upstream's
+call per request; a single request unmasked over the keys it may see), in
+every server the plugin is loaded in, so plain decoding, speculation off
+and verify steps share one attention. Its output equals upstream's loop
+within float rounding.
 
 Multi-head latent attention targets (DeepSeek-V2/V3, Kimi-K2.5) prefill a batch
 with no cached prefix through per-head K/V while caching the compressed latent
@@ -82,7 +83,7 @@ class VerifyCapableTorchNativeAttnBackend(TorchNativeAttnBackend):
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
-        if not self._decode_loop and _batched_decode(layer, forward_batch):
+        if not self._decode_loop and _grouped_decode(layer, forward_batch):
             # A decode row is a one-token block on top of the request's
             # committed tokens (DECODE lengths count the new one).
             lens = forward_batch.seq_lens
@@ -182,14 +183,14 @@ class VerifyCapableTorchNativeAttnBackend(TorchNativeAttnBackend):
         return out.reshape(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
 
 
-def _batched_decode(layer, forward_batch) -> bool:
-    """DECODE through the grouped path: a decoder self-attention batch of two
-    or more requests. Upstream's loop calls SDPA once per request, whose fixed
-    cost outweighs the attention itself at the contexts a CPU serves; with one
-    request the loop's maskless call is the cheaper one (docs/decisions.md).
+def _grouped_decode(layer, forward_batch) -> bool:
+    """DECODE through the grouped path: decoder self-attention. Upstream's loop
+    calls SDPA once per request, whose fixed cost outweighs the attention itself
+    at the contexts a CPU serves, and gathers K / V by advanced indexing, slower
+    on a CPU than `index_select` even for one request (docs/decisions.md).
     Cross-attention and encoder-decoder batches keep upstream's loop."""
-    return (forward_batch.seq_lens.shape[0] >= 2 and not layer.is_cross_attention
-            and layer.attn_type == AttentionType.DECODER and forward_batch.encoder_lens is None)
+    return (not layer.is_cross_attention and layer.attn_type == AttentionType.DECODER
+            and forward_batch.encoder_lens is None)
 
 
 def _tree_mask(forward_batch, width):
