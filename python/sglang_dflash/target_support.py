@@ -46,6 +46,13 @@ def is_gdn_hybrid(config: Mapping[str, Any]) -> bool:
     return str(config.get("model_type", "")).lower() in GDN_HYBRID_TYPES
 
 
+def has_recurrent_state(config: Mapping[str, Any]) -> bool:
+    """Whether a servable target keeps per-request recurrent state (GDN, short
+    conv, Mamba2 layers) in SGLang's state pool."""
+    model_type = str(config.get("model_type", "")).lower()
+    return is_gdn_hybrid(config) or model_type in SHORT_CONV_HYBRID_TYPES + MAMBA2_HYBRID_TYPES
+
+
 def unsupported_target_reason(config: Mapping[str, Any]) -> str | None:
     """Why a target (its HF text config as a dict) cannot be served, or None."""
     model_type = str(config.get("model_type", "")).lower()

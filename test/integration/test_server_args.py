@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 
+from harness import PATHS
 from sglang_dflash import cpu_runtime
 from sglang_dflash.demo import demo_pair
 
@@ -21,10 +22,9 @@ from sglang.srt.arg_groups.overrides import resolving_view
 from sglang.srt.plugins import load_plugins
 from sglang.srt.server_args import ServerArgs
 load_plugins()
-target, drafter = sys.argv[1:3]
 out = {}
-for name, kwargs in json.loads(sys.argv[3]).items():
-    args = ServerArgs(model_path=target, **kwargs)
+for name, kwargs in json.loads(sys.argv[1]).items():
+    args = ServerArgs(**kwargs)
     args.resolve_once()
     out[name] = resolving_view(args).max_running_requests
 print(json.dumps(out))
@@ -32,19 +32,26 @@ print(json.dumps(out))
 
 
 def _resolve(cases: dict) -> dict:
-    target, drafter = demo_pair()
+    """Each case's resolved value; a case names its pair (default the demo
+    pair) and `dflash` for a DFLASH server."""
     for kwargs in cases.values():
+        target, drafter = kwargs.pop("pair", demo_pair())
+        kwargs["model_path"] = target
         if kwargs.pop("dflash", False):
             kwargs.update(speculative_algorithm="DFLASH", speculative_draft_model_path=drafter)
     env = None if cpu_runtime.cuda_available() else cpu_runtime.cpu_env()
-    proc = subprocess.run([sys.executable, "-c", RESOLVE, target, drafter, json.dumps(cases)],
+    proc = subprocess.run([sys.executable, "-c", RESOLVE, json.dumps(cases)],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_max_running_requests_follows_plain_on_cpu_and_upstream_on_cuda():
+    """On a CPU, unset as for plain decoding; SGLang's speculative 48 on CUDA and
+    for targets with recurrent state."""
     cpu = dict(device="cpu", attention_backend="torch_native", disable_cuda_graph=True)
+    # A Gated DeltaNet hybrid (without a radix cache: its CPU default needs state snapshots).
+    hybrid = dict(cpu, disable_radix_cache=True, pair=(PATHS["hybrid-target"], PATHS["hybrid-drafter-trained"]))
     got = _resolve({
         "plain_cpu": dict(cpu),
         "dflash_cpu": dict(cpu, dflash=True),
@@ -52,6 +59,8 @@ def test_max_running_requests_follows_plain_on_cpu_and_upstream_on_cuda():
         "plain_cuda": dict(device="cuda"),
         "dflash_cuda": dict(device="cuda", dflash=True),
         "dflash_cuda_given": dict(device="cuda", dflash=True, max_running_requests=200),
+        "dflash_cpu_hybrid": dict(hybrid, dflash=True),
+        "dflash_cpu_hybrid_given": dict(hybrid, dflash=True, max_running_requests=64),
     })
     # On a CPU a DFLASH server admits as many requests as a plain one (the
     # scheduler sizes it from the KV pool when unset), not the speculative 48.
@@ -60,3 +69,6 @@ def test_max_running_requests_follows_plain_on_cpu_and_upstream_on_cuda():
     # On CUDA SGLang's speculative default stands; the user's value always wins.
     assert got["dflash_cuda"] == 48 and got["plain_cuda"] != 48
     assert got["dflash_cuda_given"] == 200
+    # A target with recurrent state keeps it on a CPU too: SGLang sizes the state
+    # pool's speculative buffers from it and requires a value.
+    assert got["dflash_cpu_hybrid"] == 48 and got["dflash_cpu_hybrid_given"] == 64

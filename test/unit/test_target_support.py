@@ -1,7 +1,7 @@
 """Targets the worker serves, and those it refuses at start-up, each with a named reason."""
 
 import pytest
-from sglang_dflash.target_support import unsupported_target_reason
+from sglang_dflash.target_support import has_recurrent_state, unsupported_target_reason
 
 
 def test_full_attention_targets_are_served():
@@ -59,3 +59,12 @@ def test_mamba2_hybrids_are_served():
 def test_state_space_and_other_layer_kinds_are_refused(config, needle):
     reason = unsupported_target_reason(config)
     assert reason is not None and needle in reason
+
+
+@pytest.mark.parametrize("model_type, recurrent", [
+    ("qwen3_5_text", True), ("qwen3_next", True), ("lfm2", True), ("lfm2_moe", True), ("nemotron_h", True),
+    ("qwen3", False), ("laguna", False), ("gpt_oss", False), ("deepseek_v3", False),
+])
+def test_recurrent_state_targets(model_type, recurrent):
+    """Targets whose state pool SGLang sizes from --max-running-requests under speculation."""
+    assert has_recurrent_state({"model_type": model_type}) is recurrent

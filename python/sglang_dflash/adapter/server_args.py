@@ -6,7 +6,8 @@ upstream: CPU is a supported device; the drafter checkpoint is validated here,
 in the launching process, so a broken drafter fails start-up with the reason
 before any worker process is spawned; the block size defaults to the
 drafter's own `block_size`; on a CPU `--max-running-requests` is left to
-SGLang's plain default instead of the speculative cap of 48; SGLang's
+SGLang's plain sizing instead of the speculative cap of 48 (a target with
+recurrent state keeps 48); SGLang's
 overlap scheduler is left on unless the user disables it
 (`--disable-overlap-schedule`). Every decision is written through
 `declare_resolution`, like upstream, never by plain assignment.
@@ -22,22 +23,25 @@ from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
 from sglang.srt.runtime_context import attn_dp_enabled_of
 
 from sglang_dflash.policy import PolicyConfig, load_policy_config
-from sglang_dflash.target_support import unsupported_target_reason
+from sglang_dflash.target_support import has_recurrent_state, unsupported_target_reason
 
 logger = logging.getLogger(__name__)
 
 SOURCE = "sglang_dflash._handle_dflash"
-CUDA_MAX_RUNNING_REQUESTS = 48  # SGLang's default for every speculative algorithm
+SPECULATIVE_MAX_RUNNING_REQUESTS = 48  # SGLang's default for every speculative algorithm
 
 
-def default_max_running_requests(device) -> int | None:
-    """`--max-running-requests` when the user gave none: SGLang's speculative
-    default on CUDA (unmeasured there by us, so upstream's choice stands), and
-    on a CPU nothing, so the scheduler sizes it as for plain decoding. A cap
-    below plain's makes a loaded server queue requests that plain decoding
-    would batch, at the load where speculation is off and the two should run
-    level (docs/decisions.md)."""
-    return None if str(device) == "cpu" else CUDA_MAX_RUNNING_REQUESTS
+def default_max_running_requests(device, recurrent_state: bool) -> int | None:
+    """`--max-running-requests` when the user gave none: on a CPU nothing, so the
+    scheduler sizes it as for plain decoding (a cap below plain's makes a loaded
+    server queue requests that plain decoding would batch, at the load where
+    speculation is off and the two should run level; docs/decisions.md).
+    SGLang's speculative default otherwise: on CUDA (unmeasured there by us, so
+    upstream's choice stands) and for a target with recurrent state, whose
+    speculative state buffers SGLang sizes from this number (it requires one)."""
+    if str(device) == "cpu" and not recurrent_state:
+        return None
+    return SPECULATIVE_MAX_RUNNING_REQUESTS
 
 
 def is_dflash(algorithm) -> bool:
@@ -46,8 +50,8 @@ def is_dflash(algorithm) -> bool:
     return str(algorithm).upper().endswith("DFLASH")
 
 
-def _target_dims(cfg) -> tuple[int, int, int]:
-    """(hidden size, vocabulary, depth) of the target, depth as SGLang counts it."""
+def _target_text_config(cfg):
+    """The target's HF text config (the config itself for a text-only model)."""
     from sglang.srt.utils.hf_transformers_utils import get_config
 
     target = get_config(
@@ -56,7 +60,12 @@ def _target_dims(cfg) -> tuple[int, int, int]:
         revision=cfg.revision,
         model_override_args=json.loads(cfg.json_model_override_args),
     )
-    text = getattr(target, "text_config", None) or target
+    return getattr(target, "text_config", None) or target
+
+
+def _target_dims(cfg) -> tuple[int, int, int]:
+    """(hidden size, vocabulary, depth) of the target, depth as SGLang counts it."""
+    text = _target_text_config(cfg)
     reason = unsupported_target_reason(text.to_dict())
     if reason is not None:
         raise ValueError(f"sglang-dflash DFLASH cannot serve the target {cfg.model_path!r}: {reason}; "
@@ -189,8 +198,11 @@ def handle_dflash(server_args) -> None:
     if cfg.speculative_draft_attention_backend is None:
         # Our drafter runs its own attention; record the target's for tools that read it.
         fields["speculative_draft_attention_backend"] = cfg.attention_backend
-    if cfg.max_running_requests is None and default_max_running_requests(cfg.device) is not None:
-        fields["max_running_requests"] = default_max_running_requests(cfg.device)
+    if cfg.max_running_requests is None:
+        recurrent = has_recurrent_state(_target_text_config(cfg).to_dict())
+        cap = default_max_running_requests(cfg.device, recurrent)
+        if cap is not None:
+            fields["max_running_requests"] = cap
     declare_resolution(server_args, SOURCE, **fields)
     logger.info(
         "sglang-dflash: DFLASH with a v%d drafter, block size %d, policy %s",
