@@ -47,7 +47,7 @@ class OutputCounts:
     never read: only reset requests are penalized."""
 
     def __init__(self, num_slots: int, vocab_size: int, device, capacity: int = 16) -> None:
-        self.vocab_size, self.device = vocab_size, device
+        self.vocab_size = vocab_size
         self.row_of = torch.zeros(num_slots, dtype=torch.int64, device=device)  # slot -> row
         self._rows: dict[int, int] = {}  # host copy of row_of's assigned entries
         self.counts = torch.zeros((max(capacity, 2), vocab_size), dtype=torch.float32, device=device)

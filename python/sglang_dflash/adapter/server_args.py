@@ -7,10 +7,9 @@ in the launching process, so a broken drafter fails start-up with the reason
 before any worker process is spawned; the block size defaults to the
 drafter's own `block_size`; on a CPU `--max-running-requests` is left to
 SGLang's plain sizing instead of the speculative cap of 48 (a target with
-recurrent state keeps 48); SGLang's
-overlap scheduler is left on unless the user disables it
-(`--disable-overlap-schedule`). Every decision is written through
-`declare_resolution`, like upstream, never by plain assignment.
+recurrent state keeps 48); SGLang's overlap scheduler is left on unless the
+user disables it (`--disable-overlap-schedule`). Every decision is written
+through `declare_resolution`, like upstream, never by plain assignment.
 """
 
 from __future__ import annotations
