@@ -54,41 +54,36 @@ def _attend(query, k_cache, v_cache, token_rows, prefix_lens, width, scaling, sl
     """query: [n, width, heads, d] -> [n, width, heads, d_v], padded to this group's longest context."""
     n, _, heads, _ = query.shape
     kv_len = int(prefix_lens.max()) + width
-    if n == 1 and width == 1 and tree_mask is None:
-        return _attend_one(query, k_cache, v_cache, token_rows, kv_len, scaling, sliding_window)
-    slots = token_rows[:, :kv_len].contiguous()  # one copy of the strided slice for K and V
+    # One request's one query (a decode row) sees a contiguous run of columns
+    # (the window's, or all): gathered alone, it needs no mask, SDPA's cheapest call.
+    single = n == 1 and width == 1 and tree_mask is None
+    first = max(0, kv_len - 1 - sliding_window) if single and sliding_window is not None else 0
+    slots = token_rows[:, first:kv_len].contiguous()  # one copy of the strided slice for K and V
     keys = gather_rows(k_cache, slots).transpose(1, 2)  # [n, kv_heads, L, d]
     values = gather_rows(v_cache, slots).transpose(1, 2)
+    mask = None if single else _block_mask(prefix_lens, width, kv_len, sliding_window, tree_mask)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.transpose(1, 2), keys.to(query.dtype), values.to(query.dtype), attn_mask=mask,
+        scale=scaling, enable_gqa=keys.shape[1] != heads,
+    )
+    return out.transpose(1, 2)
+
+
+def _block_mask(prefix_lens, width, kv_len, sliding_window, tree_mask):
+    """[n, 1, width, kv_len] bool: the keys each block query may see."""
+    n = prefix_lens.shape[0]
+    device = prefix_lens.device
     prefix = prefix_lens.view(n, 1, 1).long()
-    kpos = torch.arange(kv_len, device=query.device).view(1, 1, kv_len)
+    kpos = torch.arange(kv_len, device=device).view(1, 1, kv_len)
     if tree_mask is None:
-        qpos = prefix + torch.arange(width, device=query.device).view(1, width, 1)
+        qpos = prefix + torch.arange(width, device=device).view(1, width, 1)
         mask = kpos <= qpos
     else:
-        tree = tree_mask.bool() | torch.eye(width, dtype=torch.bool, device=query.device)
+        tree = tree_mask.bool() | torch.eye(width, dtype=torch.bool, device=device)
         qpos = prefix + (tree.sum(-1, keepdim=True) - 1)  # depth in the tree
         rel = (kpos - prefix).expand(n, width, kv_len)  # block column of each key
         in_block = (rel >= 0) & (rel < width)
         mask = (rel < 0) | (in_block & tree.gather(2, rel.clamp(0, width - 1)))
     if sliding_window is not None:
         mask &= kpos >= qpos - sliding_window
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query.transpose(1, 2), keys.to(query.dtype), values.to(query.dtype), attn_mask=mask.unsqueeze(1),
-        scale=scaling, enable_gqa=keys.shape[1] != heads,
-    )
-    return out.transpose(1, 2)
-
-
-def _attend_one(query, k_cache, v_cache, token_rows, kv_len, scaling, sliding_window):
-    """One request's one query (a decode row) over its kv_len keys: every key it
-    may see is a contiguous run of columns (the window's, or all), so it is
-    gathered alone and attended without a mask, SDPA's cheapest call."""
-    first = 0 if sliding_window is None else max(0, kv_len - 1 - sliding_window)
-    slots = token_rows[:, first:kv_len].contiguous()
-    keys = gather_rows(k_cache, slots).transpose(1, 2)  # [1, kv_heads, L, d]
-    values = gather_rows(v_cache, slots).transpose(1, 2)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query.transpose(1, 2), keys.to(query.dtype), values.to(query.dtype), scale=scaling,
-        enable_gqa=keys.shape[1] != query.shape[2],
-    )
-    return out.transpose(1, 2)
+    return mask.unsqueeze(1)
