@@ -24,8 +24,9 @@ step, so a run cut off by its limit still returns what it finished):
    ignore_eos), then stop. If a server fails to start with CUDA graphs, it is
    retried once with --disable-cuda-graph.
 5. last, if time remains: the demo pair's DFLASH server with speculation off
-   (every decode step the target's DECODE forward, run eagerly beside
-   SGLang's captured verify graphs), greedy outputs only.
+   (every decode step a one-row verify replaying the graphs the worker
+   captured for W = 0, adapter/one_row_verify.py), greedy outputs, then
+   timing at c1 / c8 (against plain's cells: what an off step costs).
 6. greedy identity (plain vs each DFLASH server, per prompt) and a table.
 
 Writes kit.json, kit.md, servers.log (each server's log tail) and
@@ -519,8 +520,8 @@ def prompts_for(model: str, n: int) -> list:
 
 def serve_and_measure(model, mode, paths, env, plan, args, report) -> dict | None:
     """One server: start (CUDA graphs, then without on failure), identity, cells.
-    Mode dflash-off (speculation off: every decode step the target's DECODE
-    forward beside the verify graphs) checks identity only."""
+    Mode dflash-off (speculation off: every decode step a one-row verify on
+    the graphs captured for W = 0) times the first two concurrencies only."""
     name = f"{model}-{mode}"
     senv = dict(env)
     if mode == "dflash" and model == "big" and args.big_policy:
@@ -560,7 +561,7 @@ def serve_and_measure(model, mode, paths, env, plan, args, report) -> dict | Non
         result["identity_outputs"] = run_identity(server.port, prompts[:plan["identity_prompts"]],
                                                   plan["identity_tokens"], plan["request_timeout"])
         report.step(f"identity {name}", s=round(time.time() - t, 1))
-        for c in plan["concurrency"] if mode != "dflash-off" else ():
+        for c in plan["concurrency"] if mode != "dflash-off" else plan["concurrency"][:2]:
             remaining = args.budget_s - (time.time() - T0)
             if remaining < 45:
                 report.error(f"{name} c{c}", "skipped: time budget")
@@ -580,8 +581,10 @@ def serve_and_measure(model, mode, paths, env, plan, args, report) -> dict | Non
         if mode.startswith("dflash"):  # the worker's state: static draft step captured or not, policy
             info = http_json(server.port, "GET", "/get_server_info", timeout=30)
             state = (info.get("internal_states") or [{}])[0].get("dflash") or {}
-            result["dflash_state"] = {k: state.get(k) for k in ("static_draft", "policy", "steps")}
-            report.step(f"state {name}", static_draft=state.get("static_draft"))
+            result["dflash_state"] = {k: state.get(k) for k in ("static_draft", "one_row_verify", "policy",
+                                                                "steps")}
+            report.step(f"state {name}", static_draft=state.get("static_draft"),
+                        one_row_verify=state.get("one_row_verify"))
     except Exception as e:  # noqa: BLE001
         report.error(name, e)
     finally:
@@ -628,17 +631,19 @@ def write_markdown(report: Report) -> str:
     lines += ["| server | start s | cuda graph | ok |", "|---|---|---|---|"]
     for s in d["servers"]:
         lines.append(f"| {s['server']} | {s.get('start_s', '-')} | {s['cuda_graph']} | {s['ok']} |")
-    lines += ["", "| model | c | plain tok/s | DFLASH tok/s | speed-up | DFLASH accept len |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "| model | c | plain tok/s | DFLASH tok/s | speed-up | DFLASH accept len | off / plain |",
+              "|---|---|---|---|---|---|---|"]
     cells = {(c["model"], c["mode"], c["concurrency"]): c for c in d["cells"]}
     for model in ("demo", "big"):
         for c in sorted({k[2] for k in cells if k[0] == model}):
             p, s = cells.get((model, "plain", c)), cells.get((model, "dflash", c))
+            off = cells.get((model, "dflash-off", c))
             pt = p["tok_per_s"] if p else None
             st = s["tok_per_s"] if s else None
             sp = f"{st / pt:.2f}x" if pt and st else "-"
+            op = f"{off['tok_per_s'] / pt:.2f}x" if pt and off and off["tok_per_s"] else "-"
             lines.append(f"| {model} | {c} | {pt or '-'} | {st or '-'} | {sp} | "
-                         f"{(s or {}).get('accept_len', '-')} |")
+                         f"{(s or {}).get('accept_len', '-')} | {op} |")
     lines += [""]
     for ident in d["identity"]:
         lines.append(f"greedy identity {ident['model']} {ident['mode']}: {ident['identical']} "

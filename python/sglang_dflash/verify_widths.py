@@ -22,10 +22,11 @@ to `sglang/srt/`); the rule per backend:
 CUDA graphs: SGLang captures TARGET_VERIFY only at the full block
 (`model_executor/runner/decode_cuda_graph_runner.py`, `can_run_graph` refuses
 other widths), so with graphs a narrower verify runs eager and loses the
-graph. With graphs on, widths are limited to the full block and W = 0. The
-W = 0 DECODE step itself runs eagerly (the worker holds the decode graph
-runner back for it: its graphs are TARGET_VERIFY graphs), so an off step
-costs one eager decode forward.
+graph. With graphs on, widths are limited to the full block and W = 0. On an
+ANY backend the W = 0 step is a one-row verify with graphs of its own
+(adapter/one_row_verify.py); elsewhere it is the DECODE forward, eager (the
+worker holds the decode graph runner back for it: its graphs are
+TARGET_VERIFY graphs).
 
 Hybrid targets under SGLang's `extra_buffer` radix cache keep the full block
 only, whatever the backend (`safe_widths`'s `tracked_linear_state`).

@@ -42,11 +42,15 @@ def _args(spec: bool, sync: bool = False) -> list[str]:
 
 @pytest.fixture(scope="module")
 def all_servers():
-    """(plain, DFLASH, DFLASH with speculation off), started together: the
-    harness pins the policy to always-on (every step verifies the whole
-    block); the third runs every decode step at W = 0."""
-    servers = start_servers(_args(spec=False, sync=True), _args(spec=True),
-                            (_args(spec=True), {"SGLANG_DFLASH_POLICY": '{"mode": "off"}'}))
+    """(plain, DFLASH, DFLASH with speculation off, the same off as one-row
+    verifies), started together: the harness pins the policy to always-on
+    (every step verifies the whole block); the third runs every decode step at
+    W = 0 through the target's DECODE forward, the fourth as a one-row
+    TARGET_VERIFY on its own attention backend (the path whose graphs a CUDA
+    server captures for W = 0; one_row_verify.py), eagerly."""
+    off = {"SGLANG_DFLASH_POLICY": '{"mode": "off"}'}
+    servers = start_servers(_args(spec=False, sync=True), _args(spec=True), (_args(spec=True), off),
+                            (_args(spec=True), {**off, "SGLANG_DFLASH_ONE_ROW_OFF": "1"}))
     yield servers
     for server in servers:
         server.stop()
@@ -306,13 +310,13 @@ def test_return_hidden_states_equal_plain(all_servers):
     requests that ask for none. Equal within float noise: a verify computes a
     block of rows at once. A prompt no server has seen: a cached prefix's rows
     are not returned. ("last" is an engine API value: test_engine_robustness.)"""
-    plain, dflash, off = all_servers
+    plain, dflash, off, one_row = all_servers
     text = "Hidden states. " + EGGS
     want = _gen(plain, text, max_new_tokens=27, return_hidden_states=True)["meta_info"]
     expected = hidden_state_rows(want["hidden_states"])
     assert want["cached_tokens"] == 0 and len(expected) == want["prompt_tokens"] + want["completion_tokens"] - 1
     asking = dict(text=text, max_new_tokens=27, return_hidden_states=True)
-    for server in (dflash, off):
+    for server in (dflash, off, one_row):
         got, _ = _concurrent_equal_plain(server, plain, [asking, dict(text=PROMPTS[1]), dict(text=PROMPTS[2])])
         assert "hidden_states" not in got[1]["meta_info"]
         rows = hidden_state_rows(got[0]["meta_info"]["hidden_states"])
@@ -321,12 +325,13 @@ def test_return_hidden_states_equal_plain(all_servers):
     assert _gen(dflash, EGGS, max_new_tokens=27)["meta_info"]["spec_verify_ct"] < 27
 
 
-def test_off_path_request_features_equal_plain(all_servers):
+@pytest.mark.parametrize("path", ["decode", "one-row"])
+def test_off_path_request_features_equal_plain(all_servers, path):
     """Speculation off (every decode step W = 0: the target's DECODE forward,
-    what the adaptive policy runs under load): penalties, grammar, logit bias,
-    a custom logit processor, logprobs and sampling masks, concurrently in one
-    batch, each equal to plain's answer."""
-    plain, _, off = all_servers
+    or a one-row verify; what the adaptive policy runs under load): penalties,
+    grammar, logit bias, a custom logit processor, logprobs and sampling
+    masks, concurrently in one batch, each equal to plain's answer."""
+    plain, off = all_servers[0], all_servers[2 if path == "decode" else 3]
     base = _gen(plain, EGGS)["output_ids"]
     requests_ = [
         dict(text=PROMPTS[0], return_logprob=True, top_logprobs_num=2, return_sampling_mask=True),
@@ -345,6 +350,8 @@ def test_off_path_request_features_equal_plain(all_servers):
     assert g["output_token_sampling_mask"] == w["output_token_sampling_mask"]
     state = requests.get(off.url + "/get_server_info", timeout=60).json()["internal_states"][0]["dflash"]
     assert state["steps_by_width"][0] == state["steps"] > 0, state  # every decode step ran W = 0
+    one_row = state.get("one_row_verify")
+    assert (one_row is None) if path == "decode" else (one_row["steps"] == state["steps"]), state
 
 
 def _session_turns(server):

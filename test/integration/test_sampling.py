@@ -7,7 +7,8 @@ are distributed as plain decoding's on the same engine, on each sampled path:
   from the demo drafter by dropping its convolutions and selector, so its
   drafts are accepted often (a random one's rarely are);
 * speculation off (W = 0, what the adaptive policy runs under load): every
-  token after the prefill's sampled by our verify step from p alone.
+  token after the prefill's sampled by our verify step from p alone, p from
+  the target's DECODE forward or from a one-row verify (one_row_verify.py).
 
 All on the demo pair: a trained target, whose next-token distributions are
 peaked enough for the test to see a change of temperature. (On the tiny random
@@ -101,6 +102,8 @@ def engines(demo):
         "dflash2": Job(_dflash(demo, demo["dflash2"]), _runs(text), True),
         "dflash1": Job(_dflash(demo, demo["dflash1"]), _runs(text), True),
         "off": Job(_dflash(demo, demo["dflash2"]), _runs(text), True, {"SGLANG_DFLASH_POLICY": '{"mode": "off"}'}),
+        "off one-row": Job(_dflash(demo, demo["dflash2"]), _runs(text), True,
+                           {"SGLANG_DFLASH_POLICY": '{"mode": "off"}', "SGLANG_DFLASH_ONE_ROW_OFF": "1"}),
         "filtered plain": Job({**demo["engine"], "disable_overlap_schedule": True}, filtered_runs, True),
         "filtered dflash2": Job(_dflash(demo, demo["dflash2"]), filtered_runs, True),
     }
@@ -165,7 +168,7 @@ def test_test_has_power(demo, engines):
     assert p >= P_MIN, f"plain engine samples do not fit the exact distribution: {key} p = {p:.2e}"
 
 
-@pytest.mark.parametrize("path", ["dflash2", "dflash1", "off"])
+@pytest.mark.parametrize("path", ["dflash2", "dflash1", "off", "off one-row"])
 def test_sampled_distribution_matches_plain(demo, engines, path):
     spec, state = engines[path]
     got = sampled_features(_samples(spec, N))
@@ -173,8 +176,10 @@ def test_sampled_distribution_matches_plain(demo, engines, path):
     assert p >= P_MIN, f"{path}: {key} differs from plain sampling (chi-square p = {p:.2e})"
     key, p = min_fit_p(got, demo["probs"])
     assert p >= P_MIN, f"{path}: {key} does not fit the target's exact distribution (p = {p:.2e})"
-    if path == "off":
+    if path.startswith("off"):
         assert state["steps_by_width"][0] == state["steps"] > 0, state["steps_by_width"]
+        one_row = state.get("one_row_verify")
+        assert (one_row is None) if path == "off" else (one_row["steps"] == state["steps"]), state
         return
     # Only 3 tokens follow the prefill's first, so a verify commits at most 3;
     # 1.0 would mean no draft accepted (the accept test and residual untested).

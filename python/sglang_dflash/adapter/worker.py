@@ -56,7 +56,7 @@ from sglang_dflash.context import DraftContext, DraftKVCache, GatheredContext
 from sglang_dflash.draft import make_blocks, plan_commit
 from sglang_dflash.model import PagedContext
 from sglang_dflash.adapter.disaggregation import ContextPoolView
-from sglang_dflash.adapter import returned_states
+from sglang_dflash.adapter import one_row_verify, returned_states
 from sglang_dflash.adapter.linear_state import commit_accepted_state, has_linear_state, prefix_cache_track
 from sglang_dflash.adapter.server_args import policy_config
 from sglang_dflash.adapter.tensor_parallel import local_row, tensor_parallel, vocab_head
@@ -69,7 +69,7 @@ from sglang_dflash.rejection import PAD_TOKEN_ID
 from sglang_dflash.static_draft import DraftInputs, StaticDraftStep, default_buckets, paged_draft_body
 from sglang_dflash.stats import SpecStats, StepClock
 from sglang_dflash.verify import SamplingRows, VerifyUniforms, verify_block
-from sglang_dflash.verify_widths import backend_rule, check_mode_widths, safe_widths
+from sglang_dflash.verify_widths import ANY, backend_rule, check_mode_widths, safe_widths
 
 logger = logging.getLogger(__name__)
 
@@ -196,6 +196,7 @@ class DFlashWorker(BaseSpecWorker):
         vocab = int(self.model_runner.model_config.vocab_size)
         self._probe = min(PROBE_RANKS, vocab // 4) if cpu and self._syncs is None and self._rank_less else None
         self.static_draft: StaticDraftStep | None = None  # init_cuda_graphs
+        self.one_row: one_row_verify.OneRowVerify | None = None  # W = 0 as a one-row verify (init_cuda_graphs)
         self._body = None  # the paged draft step (_paged_body)
         self.policy = self._build_policy()
         self.stats = SpecStats(self.block_size - 1)
@@ -253,8 +254,7 @@ class DFlashWorker(BaseSpecWorker):
         """The widths the target's attention backend verifies losslessly
         (verify_widths.py); TARGET_VERIFY runs on the decode backend when
         --speculative-attention-mode is decode, else on the prefill one."""
-        prefill, decode = attention_backends()  # the target runner resolves the same pair later
-        backend = str(decode if get_spec().speculative_attention_mode == "decode" else prefill)
+        backend = _verify_backend()
         graphs = str(self.device).startswith("cuda") and _decode_graphs_enabled()
         tracked = get_exec().mamba.enable_mamba_extra_buffer  # a hybrid target's tracked radix cache
         widths = safe_widths(backend, self.block_size, cuda_graphs=graphs, tracked_linear_state=tracked)
@@ -356,7 +356,9 @@ class DFlashWorker(BaseSpecWorker):
         inside the step would need SGLang's graph-capture communicators), and
         graphs not disabled; buckets from SGLang's decode graph sizes, clipped
         to --cuda-graph-max-bs. SGLANG_DFLASH_STATIC_DRAFT=1 forces the static
-        path eagerly (any device), so it is served and tested on CPU."""
+        path eagerly (any device), so it is served and tested on CPU. First the
+        W = 0 step's own backend and graphs (one_row_verify.py)."""
+        self._init_one_row_verify()
         capture = (str(self.device).startswith("cuda") and self.paged_context
                    and self.tp is None and _decode_graphs_enabled())
         if not capture and os.environ.get(STATIC_ENV, "0") != "1":
@@ -383,6 +385,20 @@ class DFlashWorker(BaseSpecWorker):
         else:
             logger.info("sglang-dflash: draft step on static buffers (eager) for batch sizes %s",
                         buckets)
+
+    def _init_one_row_verify(self):
+        graphs = str(self.device).startswith("cuda") and _decode_graphs_enabled()
+        runner = self.model_runner
+        use, why = one_row_verify.wanted(
+            cuda_graphs=graphs, any_width=backend_rule(_verify_backend()).rule == ANY,
+            widths=self.policy.widths, mode=self.policy.cfg.mode, linear_state=self.linear_state,
+            lora=getattr(runner, "lora_manager", None) is not None,
+            two_batch_overlap=bool(get_exec().overlap.enable_two_batch_overlap),
+            prefill_server=str(get_disagg().disaggregation_mode or "null") == "prefill")
+        if not use:
+            logger.info("sglang-dflash: W = 0 runs the target's DECODE forward (%s)", why)
+            return
+        self.one_row = one_row_verify.build_logged(runner, capture=graphs and why == "CUDA graphs")
 
     def _paged_body(self):
         """The draft step reading its context in place (static_draft.py), built
@@ -529,14 +545,21 @@ class DFlashWorker(BaseSpecWorker):
     def _decode_off(self, batch, draft_input, on_publish, anchor, prefix, sampling,
                     grammar_barrier=None):
         """Speculation off (W = 0): a plain decode step, the target's DECODE
-        forward (`_target_decode`), without the block, the drafter, the walk's
-        draws or a commit plan (every request commits exactly its anchor). Its
-        op count is kept low: at a few requests a CPU step lasts a few ms and
-        each small torch op costs tens of us, so the general path's accept,
-        plan and bonus bookkeeping would be a visible share of an off step."""
+        forward (`_target_decode`), or where graphs were captured for it a
+        one-row verify replaying them (one_row_verify.py), without the block,
+        the drafter, the walk's draws or a commit plan (every request commits
+        exactly its anchor). Its op count is kept low: at a few requests a CPU
+        step lasts a few ms and each small torch op costs tens of us, so the
+        general path's accept, plan and bonus bookkeeping would be a visible
+        share of an off step."""
         bs = len(prefix)
         cache_loc = self._token_slots(batch.req_pool_indices, prefix.unsqueeze(1))  # [bs, 1]
-        logits_output = self._target_decode(batch, anchor, cache_loc[:, 0])
+        if self.one_row is not None and self.one_row.takes(bs):
+            with self.one_row.active():  # its own captured graphs, where there are
+                logits_output = self._verify(batch, anchor.unsqueeze(1), prefix.unsqueeze(1),
+                                             cache_loc, 1)
+        else:
+            logits_output = self._target_decode(batch, anchor, cache_loc[:, 0])
         self.verify_logits.adjust(batch, logits_output.next_token_logits, anchor.unsqueeze(1), grammar_barrier)
         logits = logits_output.next_token_logits  # [bs, V]
         if sampling is None:
@@ -693,6 +716,7 @@ class DFlashWorker(BaseSpecWorker):
             **self.stats.snapshot(),
             **({} if self._syncs is None else {"host_syncs": self._syncs.snapshot()}),
             **({} if self.static_draft is None else {"static_draft": self.static_draft.snapshot()}),
+            **({} if self.one_row is None else {"one_row_verify": self.one_row.snapshot()}),
         }
 
     # ---- stages -------------------------------------------------------------------
@@ -825,6 +849,13 @@ def _kv_pool_rows(model_runner) -> int:
             return pool.full_kv_pool.size + pool.full_kv_pool.page_size
         layer = min(full)
     return pool.get_key_buffer(layer).shape[0]
+
+
+def _verify_backend() -> str:
+    """The target attention backend TARGET_VERIFY runs on: the decode one when
+    --speculative-attention-mode is decode, else the prefill one."""
+    prefill, decode = attention_backends()  # the target runner resolves the same pair later
+    return str(decode if get_spec().speculative_attention_mode == "decode" else prefill)
 
 
 def _decode_graphs_enabled() -> bool:
