@@ -348,10 +348,14 @@ def test_off_path_request_features_equal_plain(all_servers, path):
     assert [[t for _, t, *_ in x] for x in g["output_top_logprobs"]] == \
         [[t for _, t, *_ in x] for x in w["output_top_logprobs"]]
     assert g["output_token_sampling_mask"] == w["output_token_sampling_mask"]
-    state = requests.get(off.url + "/get_server_info", timeout=60).json()["internal_states"][0]["dflash"]
+    internal = requests.get(off.url + "/get_server_info", timeout=60).json()["internal_states"][0]
+    state = internal["dflash"]
     assert state["steps_by_width"][0] == state["steps"] > 0, state  # every decode step ran W = 0
     one_row = state.get("one_row_verify")
     assert (one_row is None) if path == "decode" else (one_row["steps"] == state["steps"]), state
+    # Built while the resolved block read 1, then restored (SGLang's readback
+    # includes runtime overrides): the scheduler sizes every verify from it.
+    assert internal["speculative_num_draft_tokens"] == state["block_size"], internal
 
 
 def _session_turns(server):

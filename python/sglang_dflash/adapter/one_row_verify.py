@@ -80,26 +80,25 @@ class OneRowVerify:
     @classmethod
     def build(cls, model_runner, capture: bool) -> OneRowVerify:
         """A fresh attention backend of the target runner (its own metadata and
-        graph buffers, as SGLang builds one per adaptive EAGLE width) and, with
-        `capture`, its TARGET_VERIFY graphs at one token per request, built
-        while the resolved speculative width reads 1 (SGLang's runner sizes
-        buffers and the capture's verify input from it) and restored after.
-        A failed capture raises: the caller falls back to the DECODE forward."""
-        saved = model_runner.init_new_workspace
-        try:
-            backend = model_runner._get_attention_backend(init_new_workspace=True)
-        finally:
-            model_runner.init_new_workspace = saved
-        if not capture:
-            return cls(model_runner, backend, None)
+        graph buffers) and, with `capture`, its TARGET_VERIFY graphs at one
+        token per request. Both are built while the resolved speculative width
+        reads 1 (backends and SGLang's runner size buffers and the capture's
+        verify input from it), as SGLang's adaptive EAGLE worker builds a
+        width's backend and runner, and the width is restored after. A failed
+        capture raises: the caller falls back to the DECODE forward."""
         from sglang.srt.runtime_context import get_context, get_spec
 
         block = get_spec().speculative_num_draft_tokens
-        runner_cls = model_runner._decode_cuda_graph_runner_cls()
+        saved_workspace = model_runner.init_new_workspace
         get_context().override(OVERRIDE_SOURCE, speculative_num_draft_tokens=1)
         try:
-            graphs = runner_cls(model_runner, attn_backend=backend, speculative_num_draft_tokens=1)
+            backend = model_runner._get_attention_backend(init_new_workspace=True)
+            graphs = None
+            if capture:
+                runner_cls = model_runner._decode_cuda_graph_runner_cls()
+                graphs = runner_cls(model_runner, attn_backend=backend, speculative_num_draft_tokens=1)
         finally:
+            model_runner.init_new_workspace = saved_workspace
             get_context().override(OVERRIDE_SOURCE + ".restore", speculative_num_draft_tokens=block)
         return cls(model_runner, backend, graphs)
 
