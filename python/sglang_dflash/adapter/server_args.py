@@ -62,9 +62,9 @@ def _target_text_config(cfg):
     return getattr(target, "text_config", None) or target
 
 
-def _target_dims(cfg) -> tuple[int, int, int]:
-    """(hidden size, vocabulary, depth) of the target, depth as SGLang counts it."""
-    text = _target_text_config(cfg)
+def _target_dims(cfg, text) -> tuple[int, int, int]:
+    """(hidden size, vocabulary, depth) of the target (its text config `text`),
+    depth as SGLang counts it."""
     reason = unsupported_target_reason(text.to_dict())
     if reason is not None:
         raise ValueError(f"sglang-dflash DFLASH cannot serve the target {cfg.model_path!r}: {reason}; "
@@ -82,10 +82,10 @@ def _target_tokenizer(cfg):
                          trust_remote_code=cfg.trust_remote_code, tokenizer_revision=cfg.revision)
 
 
-def validate_drafter(cfg):
+def validate_drafter(cfg, text):
     """Resolve the drafter (a local directory or a hub id, as SGLang resolves model
     paths), then parse and check it (config, weights, mask token) against the
-    target. Returns (local path, DrafterConfig)."""
+    target (its text config `text`). Returns (local path, DrafterConfig)."""
     from sglang_dflash.checkpoint import load_drafter
     from sglang_dflash.config import resolve_mask_token_id
     from sglang_dflash.hub import resolve_drafter_path
@@ -93,7 +93,7 @@ def validate_drafter(cfg):
     path = resolve_drafter_path(cfg.speculative_draft_model_path,
                                 cfg.speculative_draft_model_revision,
                                 cache_dir=getattr(cfg, "download_dir", None))
-    hidden, vocab, layers = _target_dims(cfg)
+    hidden, vocab, layers = _target_dims(cfg, text)
     # NOTE: loads the weights once in the launching process so that every check
     # (names, shapes, finiteness) runs before workers start; cheap for the
     # drafters we ship, a header-only check would be cheaper for large ones.
@@ -177,7 +177,8 @@ def _resolve_block_size(server_args, cfg, drafter_block_size: int) -> int:
 def handle_dflash(server_args) -> None:
     cfg = resolving_view(server_args)
     _check_device_and_parallelism(cfg)
-    drafter_path, drafter_cfg = validate_drafter(cfg)
+    text = _target_text_config(cfg)  # read once: the drafter's checks and the request cap
+    drafter_path, drafter_cfg = validate_drafter(cfg, text)
     policy = policy_config(cfg)  # a bad policy fails here, before workers start
     block = _resolve_block_size(server_args, cfg, drafter_cfg.block_size)
     for name in ("speculative_num_steps", "speculative_eagle_topk"):
@@ -198,7 +199,7 @@ def handle_dflash(server_args) -> None:
         # Our drafter runs its own attention; record the target's for tools that read it.
         fields["speculative_draft_attention_backend"] = cfg.attention_backend
     if cfg.max_running_requests is None:
-        recurrent = has_recurrent_state(_target_text_config(cfg).to_dict())
+        recurrent = has_recurrent_state(text.to_dict())
         cap = default_max_running_requests(cfg.device, recurrent)
         if cap is not None:
             fields["max_running_requests"] = cap
