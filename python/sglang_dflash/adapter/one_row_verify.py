@@ -10,14 +10,14 @@ attention backend of the target runner and a second `DecodeCudaGraphRunner`
 on it, captured with one token per request, swapped onto the runner for the
 step (`active`) and back.
 
-Where it applies (`OneRowVerify.wanted`): a target attention backend that sizes
+Where it applies (`wanted`): a target attention backend that sizes
 TARGET_VERIFY from the batch (`verify_widths`: triton, flashinfer,
 torch_native, intel_xpu), so that one row per request is a width it verifies
 losslessly; no recurrent state (a verify leaves GDN / Mamba state to a commit,
 a DECODE step writes it); no LoRA or two-batch overlap (their graph buffers are
 sized once, by SGLang's own runner, for its width). Elsewhere W = 0 stays the
-eager DECODE forward. `SGLANG_DFLASH_ONE_ROW_OFF=1` forces the one-row verify on
-any device without graphs (how the CPU tests serve it), `=0` turns it off.
+eager DECODE forward. `SGLANG_DFLASH_ONE_ROW_OFF=1` runs the one-row verify
+eagerly, on any device (how the CPU tests serve it), `=0` turns it off.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ def wanted(*, cuda_graphs: bool, any_width: bool, widths: tuple[int, ...],
 class OneRowVerify:
     """The target's attention backend and graph runner for one-row verifies.
 
-    `graphs` is None where none were captured (forced eagerly, or capture
-    failed): the step then runs the one-row verify eagerly on `attn_backend`."""
+    `graphs` is None when forced eagerly (`SGLANG_DFLASH_ONE_ROW_OFF=1`): the
+    step then runs the one-row verify eagerly on `attn_backend`."""
 
     def __init__(self, model_runner, attn_backend, graphs):
         self.model_runner = model_runner
