@@ -17,8 +17,8 @@ CUDA = dict(cuda_graphs=True, any_width=True, widths=EVERY, mode="adaptive", lin
 
 
 def test_cuda_graphs_on_an_any_width_backend_take_it():
-    assert wanted(**CUDA) == (True, "CUDA graphs")
-    assert wanted(**{**CUDA, "widths": (0, 7), "mode": "off"})[0]
+    assert wanted(**CUDA) == ("graphs", "CUDA graphs")
+    assert wanted(**{**CUDA, "widths": (0, 7), "mode": "off"})[0] == "graphs"
 
 
 @pytest.mark.parametrize("change", [
@@ -29,14 +29,15 @@ def test_cuda_graphs_on_an_any_width_backend_take_it():
     dict(prefill_server=True), dict(env="0"),
 ])
 def test_otherwise_the_decode_forward(change):
-    use, why = wanted(**{**CUDA, **change})
-    assert not use and why
+    way, why = wanted(**{**CUDA, **change})
+    assert way is None and why
 
 
 def test_forced_on_any_device_but_never_where_it_would_be_wrong():
-    assert wanted(**{**CUDA, "cuda_graphs": False, "env": "1"}) == (True, "SGLANG_DFLASH_ONE_ROW_OFF=1")
+    assert wanted(**{**CUDA, "cuda_graphs": False, "env": "1"}) == ("eager", "SGLANG_DFLASH_ONE_ROW_OFF=1")
+    assert wanted(**{**CUDA, "env": "1"})[0] == "eager"  # forced: no capture, even with graphs
     for change in (dict(any_width=False), dict(linear_state=True), dict(mode="on")):
-        assert not wanted(**{**CUDA, "env": "1", **change})[0], change
+        assert wanted(**{**CUDA, "env": "1", **change})[0] is None, change
 
 
 def _runner():

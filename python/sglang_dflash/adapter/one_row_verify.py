@@ -35,8 +35,9 @@ OVERRIDE_SOURCE = "sglang-dflash.one_row_verify"
 
 def wanted(*, cuda_graphs: bool, any_width: bool, widths: tuple[int, ...],
            mode: str, linear_state: bool, lora: bool, two_batch_overlap: bool,
-           prefill_server: bool = False, env: str | None = None) -> tuple[bool, str]:
-    """Whether W = 0 runs as a one-row verify, and why (for the log).
+           prefill_server: bool = False, env: str | None = None) -> tuple[str | None, str]:
+    """How W = 0 runs as a one-row verify, and why (for the log): "graphs"
+    (captured), "eager" (forced), or None (the DECODE forward instead).
 
     Args:
         cuda_graphs: SGLang captures decode graphs on this CUDA server.
@@ -48,19 +49,19 @@ def wanted(*, cuda_graphs: bool, any_width: bool, widths: tuple[int, ...],
     """
     env = os.environ.get(ENV) if env is None else env
     if env == "0":
-        return False, f"{ENV}=0"
+        return None, f"{ENV}=0"
     if 0 not in widths or mode == "on" or prefill_server:
-        return False, "no W = 0 steps"
+        return None, "no W = 0 steps"
     for blocked, why in ((not any_width, "the attention backend sizes the verify from the block"),
                          (linear_state, "a target with recurrent state"),
                          (lora, "LoRA"), (two_batch_overlap, "two-batch overlap")):
         if blocked:
-            return False, why
+            return None, why
     if env == "1":
-        return True, f"{ENV}=1"
+        return "eager", f"{ENV}=1"
     if not cuda_graphs:
-        return False, "no CUDA graphs (the DECODE forward is as fast eagerly)"
-    return True, "CUDA graphs"
+        return None, "no CUDA graphs (the DECODE forward is as fast eagerly)"
+    return "graphs", "CUDA graphs"
 
 
 class OneRowVerify:
@@ -74,7 +75,6 @@ class OneRowVerify:
         self.attn_backend = attn_backend
         self.graphs = graphs
         self.max_bs = None if graphs is None else int(max(graphs.capture_bs))
-        self.eager = graphs is None
         self.steps = 0
 
     @classmethod
@@ -106,7 +106,7 @@ class OneRowVerify:
         """Run this batch as a one-row verify: always when forced eagerly, else
         when a graph covers it (a larger batch is eager either way, and the
         DECODE forward is the plainer eager step)."""
-        return self.eager or bs <= self.max_bs
+        return self.graphs is None or bs <= self.max_bs
 
     @contextlib.contextmanager
     def active(self):

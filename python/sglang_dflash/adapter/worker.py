@@ -255,7 +255,7 @@ class DFlashWorker(BaseSpecWorker):
         (verify_widths.py); TARGET_VERIFY runs on the decode backend when
         --speculative-attention-mode is decode, else on the prefill one."""
         backend = _verify_backend()
-        graphs = str(self.device).startswith("cuda") and _decode_graphs_enabled()
+        graphs = self._cuda_graphs()
         tracked = get_exec().mamba.enable_mamba_extra_buffer  # a hybrid target's tracked radix cache
         widths = safe_widths(backend, self.block_size, cuda_graphs=graphs, tracked_linear_state=tracked)
         if tracked:
@@ -359,8 +359,7 @@ class DFlashWorker(BaseSpecWorker):
         path eagerly (any device), so it is served and tested on CPU. First the
         W = 0 step's own backend and graphs (one_row_verify.py)."""
         self._init_one_row_verify()
-        capture = (str(self.device).startswith("cuda") and self.paged_context
-                   and self.tp is None and _decode_graphs_enabled())
+        capture = self.paged_context and self.tp is None and self._cuda_graphs()
         if not capture and os.environ.get(STATIC_ENV, "0") != "1":
             return
         self.paged_context = True  # the static body reads its context in place
@@ -386,19 +385,22 @@ class DFlashWorker(BaseSpecWorker):
             logger.info("sglang-dflash: draft step on static buffers (eager) for batch sizes %s",
                         buckets)
 
+    def _cuda_graphs(self) -> bool:
+        """SGLang captures decode / verify graphs on this (CUDA) device."""
+        return str(self.device).startswith("cuda") and _decode_graphs_enabled()
+
     def _init_one_row_verify(self):
-        graphs = str(self.device).startswith("cuda") and _decode_graphs_enabled()
         runner = self.model_runner
-        use, why = one_row_verify.wanted(
-            cuda_graphs=graphs, any_width=backend_rule(_verify_backend()).rule == ANY,
+        way, why = one_row_verify.wanted(
+            cuda_graphs=self._cuda_graphs(), any_width=backend_rule(_verify_backend()).rule == ANY,
             widths=self.policy.widths, mode=self.policy.cfg.mode, linear_state=self.linear_state,
             lora=getattr(runner, "lora_manager", None) is not None,
             two_batch_overlap=bool(get_exec().overlap.enable_two_batch_overlap),
             prefill_server=str(get_disagg().disaggregation_mode or "null") == "prefill")
-        if not use:
+        if way is None:
             logger.info("sglang-dflash: W = 0 runs the target's DECODE forward (%s)", why)
             return
-        self.one_row = one_row_verify.build_logged(runner, capture=graphs and why == "CUDA graphs")
+        self.one_row = one_row_verify.build_logged(runner, capture=way == "graphs")
 
     def _paged_body(self):
         """The draft step reading its context in place (static_draft.py), built
