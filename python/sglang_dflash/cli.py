@@ -97,13 +97,18 @@ def with_cpu_defaults(args: list[str]) -> list[str]:
     return out
 
 
-def serve(args: list[str]) -> None:
+def launch_server_setup(args: list[str], env: dict) -> tuple[list[str], dict]:
+    """The `sglang.launch_server` arguments and environment `serve` runs: on a
+    host without CUDA, the CPU defaults added and the CPU runtime's environment."""
     from sglang_dflash import cpu_runtime
 
-    env = dict(os.environ)
-    if not cpu_runtime.cuda_available():
-        env = cpu_runtime.cpu_env(env)
-        args = with_cpu_defaults(args)
+    if cpu_runtime.cuda_available():
+        return list(args), dict(env)
+    return with_cpu_defaults(args), cpu_runtime.cpu_env(dict(env))
+
+
+def serve(args: list[str]) -> None:
+    args, env = launch_server_setup(args, os.environ)
     cmd = [sys.executable, "-m", "sglang.launch_server", *args]
     print("sglang-dflash:", " ".join(cmd), flush=True)
     os.execvpe(sys.executable, cmd, env)

@@ -7,6 +7,8 @@ with ENGINE_START_METHOD=spawn as a fresh interpreter:
 
     python engine_run.py SPEC.json OUT.json
 
+`forked_server` is the fork server's way to run an HTTP server (`harness.Server`).
+
 SPEC: {"engine": {sgl.Engine kwargs}, "runs": [{"name", "prompts" | "input_ids", "batch_size",
 "sampling_params"[, "lora_path": one per prompt][, "load_lora": {name: path}, loaded into the engine
 before the run][, "weights": [weight op, ...], applied before the run, their (success, message)
@@ -178,7 +180,7 @@ def fork_engine_processes() -> None:
     one core apiece, the larger part of an engine's start-up here); a fork
     inherits this process's imports. Test speed only: what a fork can hide (a
     child that would not load our plugin or our CPU runtime by itself) is
-    covered by the tests that launch real servers (`harness.start_servers`,
+    covered by the tests that launch spawned servers (test_server.py,
     `launch_to_failure`), which keep SGLang's spawn. ENGINE_START_METHOD=spawn restores it here
     (and has the harness start this process as a fresh interpreter, not from its fork server)."""
     if os.environ.get("ENGINE_START_METHOD", "fork") != "fork":
@@ -219,10 +221,9 @@ def serve(spec: dict, out_path: str, released=None) -> None:
     json.dump({"runs": runs, "dflash": states[0].get("dflash")}, open(out_path, "w"))
 
 
-def forked(spec_path: str, out_path: str, env: dict, log_path: str, conn) -> None:
-    """serve() in a process forked from the harness's fork server, which has
-    SGLang imported already (`engine_imports`): the job's environment replaces
-    the server's, its output goes to `log_path`, and the gate is `conn`."""
+def _adopt(env: dict, log_path: str) -> None:
+    """In a fork of the fork server: `env` replaces the environment, and
+    stdout and stderr append to `log_path`."""
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -230,11 +231,36 @@ def forked(spec_path: str, out_path: str, env: dict, log_path: str, conn) -> Non
     os.environ.clear()
     os.environ.update(env)
 
+
+def forked(spec_path: str, out_path: str, env: dict, log_path: str, conn) -> None:
+    """serve() in a process forked from the harness's fork server, which has
+    SGLang imported already (`engine_imports`): the job's environment replaces
+    the server's, its output goes to `log_path`, and the gate is `conn`."""
+    _adopt(env, log_path)
+
     def released():
         conn.send("ready")
         return conn.recv() == "go"
 
     serve(json.load(open(spec_path)), out_path, released)
+
+
+def forked_server(argv: list[str], env: dict, log_path: str) -> None:
+    """`python -m sglang.launch_server ARGV` in a process forked from the
+    harness's fork server (SGLang imported already), its own session (the
+    harness stops it by process group), `env` replacing the server's, output
+    to `log_path`; its scheduler and detokenizer forked too."""
+    os.setsid()
+    _adopt(env, log_path)
+    from sglang_dflash import cpu_runtime
+
+    if not cpu_runtime.cuda_available():
+        cpu_runtime.activate()  # multiprocessing set sys.path to the harness's: the stand-in's dir again
+    fork_engine_processes()
+    import runpy
+
+    sys.argv = ["sglang.launch_server", *argv]
+    runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=True)
 
 
 def main():

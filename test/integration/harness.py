@@ -204,15 +204,19 @@ def run_engines(jobs: list[Job], timeout: int = 2400) -> list:
         return results
 
 
-def _engine_process(spec: str, out: str, err: str, env: dict):
-    """engine_run on `spec`, gated: forked from the fork server where the host
+def _forking() -> bool:
+    """Whether engines and servers start from the fork server: where the host
     has no CUDA device (a fork must not inherit a CUDA context) and
-    ENGINE_START_METHOD is not "spawn", else a fresh interpreter."""
+    ENGINE_START_METHOD is not "spawn"."""
     from sglang_dflash import cpu_runtime
 
-    if os.environ.get("ENGINE_START_METHOD", "fork") == "fork" and not cpu_runtime.cuda_available():
-        return _ForkedEngine(spec, out, err, env)
-    return _SpawnedEngine(spec, out, err, env)
+    return os.environ.get("ENGINE_START_METHOD", "fork") == "fork" and not cpu_runtime.cuda_available()
+
+
+def _engine_process(spec: str, out: str, err: str, env: dict):
+    """engine_run on `spec`, gated: forked from the fork server (`_forking`),
+    else a fresh interpreter."""
+    return _ForkedEngine(spec, out, err, env) if _forking() else _SpawnedEngine(spec, out, err, env)
 
 
 @functools.lru_cache(maxsize=1)
@@ -345,18 +349,33 @@ def _tail(path: str, n: int = 6000) -> str:
 
 
 class Server:
-    """`sglang-dflash serve ...` (the documented CPU way) as a subprocess."""
+    """`sglang-dflash serve ...` (the documented CPU way): with `spawn`, as a
+    subprocess, exactly as a user starts it; otherwise the same arguments and
+    environment (`cli.launch_server_setup`) run as `python -m
+    sglang.launch_server` in a process forked from the fork server, its
+    scheduler and detokenizer forked too (`engine_run.forked_server`): a
+    third of the start-up time, for tests of what a server serves. What a
+    fork can hide (a spawned child that would not load our plugin or CPU
+    runtime) is what the spawned servers (test_server.py) and
+    `launch_to_failure` keep covering. Spawned wherever engines are
+    (`_engine_process`: CUDA, ENGINE_START_METHOD=spawn)."""
 
     def __init__(self, args: list[str], timeout: int = 300, log_level: str = "warning",
-                 env: dict | None = None, wait: bool = True):
+                 env: dict | None = None, wait: bool = True, spawn: bool = False):
+        from sglang_dflash.cli import launch_server_setup
+
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "sglang_dflash.cli", "serve", *args,
-               "--port", str(self.port), "--host", "127.0.0.1", "--log-level", log_level,
-               "--max-total-tokens", "32768", "--random-seed", "0"]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, **(env or {})})
+        args = [*args, "--port", str(self.port), "--host", "127.0.0.1", "--log-level", log_level,
+                "--max-total-tokens", "32768", "--random-seed", "0"]
+        env = {**os.environ, **(env or {})}
+        if spawn or not _forking():
+            self.proc = subprocess.Popen([sys.executable, "-m", "sglang_dflash.cli", "serve", *args],
+                                         stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                         env=env)
+        else:
+            self.proc = _ForkedServer(*launch_server_setup(args, env), self.log.name)
         if wait:
             self.wait(timeout)
 
@@ -383,32 +402,75 @@ class Server:
         return open(self.log.name).read()
 
     def stop(self):
-        import signal
-
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_servers(self)
 
 
-def start_servers(*configs: list[str] | tuple[list[str], dict]) -> list[Server]:
+def stop_servers(*servers: Server) -> None:
+    """SIGTERM to every server's process group at once, then wait for each (a
+    server takes a few seconds to shut down; SIGKILL after 30)."""
+    import signal
+
+    running = [s for s in servers if s.proc.poll() is None]
+    for server in running:
+        _kill_group(server.proc.pid, signal.SIGTERM)
+    deadline = time.time() + 30
+    for server in running:
+        try:
+            server.proc.wait(timeout=max(1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            _kill_group(server.proc.pid, signal.SIGKILL)
+            server.proc.wait()
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    """Signal the server's process group (its session: the server and its
+    children), or the process alone before a forked one has made its session."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+class _ForkedServer:
+    """`engine_run.forked_server` forked from the fork server, with what
+    `Server` uses of a Popen: pid, poll, wait, returncode."""
+
+    def __init__(self, argv: list[str], env: dict, log_path: str):
+        import engine_run
+
+        self._proc = _fork_server().Process(target=engine_run.forked_server, args=(argv, env, log_path))
+        self._proc.start()
+        self.pid = self._proc.pid
+
+    @property
+    def returncode(self):
+        return self._proc.exitcode
+
+    def poll(self):
+        return self._proc.exitcode
+
+    def wait(self, timeout: float | None = None):
+        self._proc.join(timeout)
+        if self._proc.exitcode is None:
+            raise subprocess.TimeoutExpired("forked server", timeout)
+        return self._proc.exitcode
+
+
+def start_servers(*configs: list[str] | tuple[list[str], dict], spawn: bool = False) -> list[Server]:
     """Servers started together, each config a list of args or (args, env);
     returned once every one serves. Start-up keeps about one core busy, so
     starting them together saves wall time; an idle server sleeps (the CPU
     defaults' sleep_on_idle), so one serving requests has the host to itself.
-    If any fails to start, all are stopped."""
+    If any fails to start, all are stopped. spawn: as `Server`'s."""
     servers = []
     try:
         for config in configs:
             args, env = config if isinstance(config, tuple) else (config, None)
-            servers.append(Server(args, env=env, wait=False))
+            servers.append(Server(args, env=env, wait=False, spawn=spawn))
         for server in servers:
             server.wait()
     except BaseException:
-        for server in servers:
-            server.stop()
+        stop_servers(*servers)
         raise
     return servers

@@ -20,7 +20,7 @@ import threading
 import pytest
 import requests
 
-from harness import PATHS, TARGET, Server, chat_prompts, start_servers
+from harness import PATHS, TARGET, Server, chat_prompts, start_servers, stop_servers
 from common import free_port
 
 try:
@@ -100,15 +100,13 @@ def test_dflash_pd_identical_to_plain_pd_and_drafts_from_the_transferred_context
     servers = start_servers(*plain_pair.args, *pd_pair.args)
     try:
         plain = _serve_all(plain_pair.start(*servers[0:2]), reqs)
-        for server in servers[0:2]:
-            server.stop()
+        stop_servers(*servers[0:2])
         servers.append(Server(["--model-path", TARGET, "--dtype", "float32", *DFLASH], wait=False))
         pd = _serve_all(pd_pair.start(*servers[2:4]), reqs)
         servers[4].wait()
         single = _serve_all(servers[4], reqs)
     finally:
-        for server in servers:
-            server.stop()
+        stop_servers(*servers)
 
     for i, (want, got) in enumerate(zip(plain, pd)):
         assert got["output_ids"] == want["output_ids"], f"request {i} ({reqs[i][1]}) differs from plain PD"

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from harness import hidden_state_rows, max_row_difference, start_servers
+from harness import hidden_state_rows, max_row_difference, start_servers, stop_servers
 from sglang_dflash.demo import demo_pair
 
 EGGS = ("<|im_start|>user\nJanet has 16 eggs and eats 3. How many are left?<|im_end|>\n"
@@ -52,8 +52,7 @@ def all_servers():
     servers = start_servers(_args(spec=False, sync=True), _args(spec=True), (_args(spec=True), off),
                             (_args(spec=True), {**off, "SGLANG_DFLASH_ONE_ROW_OFF": "1"}))
     yield servers
-    for server in servers:
-        server.stop()
+    stop_servers(*servers)
 
 
 @pytest.fixture(scope="module")

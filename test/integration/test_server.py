@@ -1,4 +1,5 @@
-"""The real HTTP server, started the documented CPU way (`sglang-dflash serve`),
+"""The real HTTP server, started the documented CPU way (`sglang-dflash serve`,
+spawned as a user starts it, with SGLang's spawned scheduler and detokenizer),
 with the trained drafter: native /generate, OpenAI /v1/completions and
 /v1/chat/completions (plain and streaming), an SGLang frontend program, bad
 requests, stop strings and regexes, and greedy identity with a plain server."""
@@ -11,7 +12,7 @@ import time
 import pytest
 import requests
 
-from harness import PATHS, TARGET, chat_prompts, start_servers
+from harness import PATHS, TARGET, chat_prompts, start_servers, stop_servers
 
 PROMPTS = 8
 MAX_NEW = 32
@@ -35,11 +36,12 @@ TRACE = os.path.join(tempfile.mkdtemp(prefix="dflash-trace-"), "steps.jsonl")
 
 @pytest.fixture(scope="module")
 def servers():
-    """(plain, DFLASH), started together; the DFLASH server traces its steps to TRACE."""
-    plain, spec = start_servers(_args(spec=False), (_args(spec=True), {"SGLANG_DFLASH_STEP_TRACE": TRACE}))
+    """(plain, DFLASH), started together, spawned (the path every child loads
+    our plugin on by itself); the DFLASH server traces its steps to TRACE."""
+    plain, spec = start_servers(_args(spec=False), (_args(spec=True), {"SGLANG_DFLASH_STEP_TRACE": TRACE}),
+                                spawn=True)
     yield plain, spec
-    spec.stop()
-    plain.stop()
+    stop_servers(spec, plain)
 
 
 @pytest.fixture(scope="module")
