@@ -169,4 +169,8 @@ def register() -> None:
     from sglang_dflash.adapter import cpu_moe
 
     HookRegistry.register(cpu_moe.GATE_TARGET, cpu_moe.torch_shared_gate_on_cpu, HookType.AROUND)
+    from sglang_dflash.adapter import input_embeds
+
+    HookRegistry.register(input_embeds.EXTEND_KWARGS_TARGET, input_embeds.embeds_in_model_dtype,
+                          HookType.AFTER)
     _registered = True
