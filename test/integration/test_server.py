@@ -183,6 +183,28 @@ def test_out_of_vocabulary_input_ids_get_400_and_server_keeps_serving(server, pr
     assert _generate(server, prompts[4])["output_ids"] == plain_outputs[4]["output_ids"]
 
 
+def _vocab() -> int:
+    with open(os.path.join(TARGET, "config.json")) as f:
+        return json.load(f)["vocab_size"]
+
+
+@pytest.mark.parametrize("body, reason", [
+    ({"text": ""}, "prompt is empty"),
+    ({"text": ["Hi", ""]}, "prompt is empty"),  # one empty prompt in a batch
+    ({"return_logprob": True, "top_logprobs_num": _vocab() + 1}, "exceeds the vocabulary size"),
+    ({"return_logprob": True, "logprob_start_len": -2}, "must be >= -1"),
+], ids=["empty-text", "empty-in-batch", "top-logprobs-past-vocab", "logprob-start-below-minus-one"])
+def test_requests_that_crashed_the_scheduler_get_400(servers, prompts, plain_outputs, body, reason):
+    """Each of these took SGLang 0.5.23's scheduler down, plain and DFLASH alike
+    (an IndexError on no input tokens, a top-k past the row, an assertion);
+    the plugin's request validation answers 400 with the reason on both."""
+    body = {"text": prompts[0], "sampling_params": {"max_new_tokens": 8}, **body}
+    for srv in servers:
+        r = requests.post(srv.url + "/generate", json=body, timeout=120)
+        assert r.status_code == 400 and reason in r.text, (r.status_code, r.text)
+        assert _generate(srv, prompts[4])["output_ids"] == plain_outputs[4]["output_ids"]
+
+
 def test_grammar_ended_before_min_new_tokens_fails_the_request_not_the_server(servers, prompts, plain_outputs):
     """regex "x" with min_new_tokens 5: once "x" is out the grammar allows only
     EOS, which min_new_tokens forbids, so no token is allowed. Plain SGLang

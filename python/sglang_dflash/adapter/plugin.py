@@ -67,15 +67,29 @@ def dflash_request_allowed(req, enable_overlap) -> None:
 VALIDATE_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 
 
-def check_input_ids(manager, obj, input_ids, *args, **kwargs):
-    """BEFORE SGLang's request validation: token ids outside the vocabulary are a
-    bad request (400), not an IndexError that takes the scheduler down."""
-    if input_ids:
-        vocab = manager.model_config.vocab_size
+def check_request(manager, obj, input_ids, *args, **kwargs):
+    """BEFORE SGLang's request validation: requests SGLang 0.5.23 accepts but
+    whose first step raises in the scheduler, taking every running request and
+    the server with it (plain decoding and DFLASH alike), are bad requests (400)
+    instead: token ids outside the vocabulary (an IndexError), an empty prompt
+    (`"text": ""` tokenizes to no ids; SGLang refuses only `"input_ids": []`),
+    and with `return_logprob` a `top_logprobs_num` above the vocabulary size (a
+    top-k past the row) or a `logprob_start_len` below -1 (an assertion)."""
+    vocab = manager.model_config.vocab_size
+    if input_ids is not None:
+        if len(input_ids) == 0:
+            raise ValueError("the prompt is empty: it tokenizes to no input tokens")
         bad = next((t for t in input_ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
         if bad is not None:
             raise ValueError(f"input_ids contains token id {bad!r} outside the vocabulary "
                              f"[0, {vocab})")
+    if getattr(obj, "return_logprob", False):
+        top = getattr(obj, "top_logprobs_num", None)
+        if isinstance(top, int) and top > vocab:
+            raise ValueError(f"top_logprobs_num = {top} exceeds the vocabulary size ({vocab})")
+        start = getattr(obj, "logprob_start_len", None)
+        if isinstance(start, int) and start < -1:
+            raise ValueError(f"logprob_start_len = {start} must be >= -1 (-1: no prompt logprobs)")
     return None
 
 
@@ -115,7 +129,7 @@ def register() -> None:
     )
     HookRegistry.register(SERVER_INFO_TARGET, add_dflash_state, HookType.AFTER)
     HookRegistry.register(MODEL_LOADER_TARGET, register_model_classes, HookType.BEFORE)
-    HookRegistry.register(VALIDATE_TARGET, check_input_ids, HookType.BEFORE)
+    HookRegistry.register(VALIDATE_TARGET, check_request, HookType.BEFORE)
     HookRegistry.register(SAMPLING_VERIFY_TARGET, sampling_verify_available, HookType.REPLACE)
     HookRegistry.register(DFLASH_REQUEST_TARGET, dflash_request_allowed, HookType.REPLACE)
     from sglang_dflash.adapter import returned_states
