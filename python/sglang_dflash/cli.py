@@ -104,7 +104,7 @@ def launch_server_setup(args: list[str], env: dict) -> tuple[list[str], dict]:
 
     if cpu_runtime.cuda_available():
         return list(args), dict(env)
-    return with_cpu_defaults(args), cpu_runtime.cpu_env(dict(env))
+    return with_cpu_defaults(args), cpu_runtime.cpu_env(env)
 
 
 def serve(args: list[str]) -> None:

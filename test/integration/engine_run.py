@@ -198,17 +198,25 @@ def fork_engine_processes() -> None:
     multiprocessing.set_start_method = lambda method, force=False: set_start_method("fork", force=True)
 
 
-def serve(spec: dict, out_path: str, released=None) -> None:
-    """Start the engine `spec` names, execute its runs, write OUT. released: a
-    call that reports the engine ready and returns whether to run (the harness's
-    gate); without it the runs start at once."""
+def _start_sglang_here() -> None:
+    """Before this process starts an engine or a server: on a host without CUDA
+    the CPU runtime (again in a fork: multiprocessing resets a child's sys.path
+    to the harness's, without the stand-in's directory), and engine processes
+    started by fork."""
     from sglang_dflash import cpu_runtime
 
     if not cpu_runtime.cuda_available():
         cpu_runtime.activate()
+    fork_engine_processes()
+
+
+def serve(spec: dict, out_path: str, released=None) -> None:
+    """Start the engine `spec` names, execute its runs, write OUT. released: a
+    call that reports the engine ready and returns whether to run (the harness's
+    gate); without it the runs start at once."""
+    _start_sglang_here()
     import sglang as sgl
 
-    fork_engine_processes()
     engine = sgl.Engine(**spec["engine"])
     if released is not None and not released():
         engine.shutdown()
@@ -252,11 +260,7 @@ def forked_server(argv: list[str], env: dict, log_path: str) -> None:
     to `log_path`; its scheduler and detokenizer forked too."""
     os.setsid()
     _adopt(env, log_path)
-    from sglang_dflash import cpu_runtime
-
-    if not cpu_runtime.cuda_available():
-        cpu_runtime.activate()  # multiprocessing set sys.path to the harness's: the stand-in's dir again
-    fork_engine_processes()
+    _start_sglang_here()
     import runpy
 
     sys.argv = ["sglang.launch_server", *argv]
