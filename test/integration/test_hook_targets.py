@@ -49,3 +49,38 @@ def test_verify_width_table_names_every_registered_attention_backend():
     assert proc.returncode == 0, proc.stderr[-3000:]
     registered = set(proc.stdout.split())
     assert len(registered) > 10 and registered <= set(BACKENDS), registered - set(BACKENDS)
+
+
+PENALTY_ORDER = """
+from sglang_dflash import cpu_runtime
+if not cpu_runtime.cuda_available():
+    cpu_runtime.activate()
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.sampling import penaltylib
+
+
+class Batch:
+    device, reqs = "cpu", []
+
+
+batch = Batch()
+for given in ([penaltylib.BatchedRepetitionPenalizer, penaltylib.BatchedPresencePenalizer,
+               penaltylib.BatchedMinNewTokensPenalizer, penaltylib.BatchedFrequencyPenalizer],
+              {penaltylib.BatchedRepetitionPenalizer, penaltylib.BatchedFrequencyPenalizer}):
+    orchestrator = penaltylib.BatchedPenalizerOrchestrator(vocab_size=8, batch=batch, penalizers=given)
+    print(" ".join(cls.__name__ for cls in orchestrator.penalizers))
+"""
+
+
+def test_sglang_applies_penalties_in_the_fixed_order():
+    """SGLang's orchestrator, built as SGLang builds it (from a set, whose order
+    varies between processes), holds the penalizers additive first under the
+    plugin (adapter/penalty_order.py); the first case is given reversed."""
+    env = None if cpu_runtime.cuda_available() else cpu_runtime.cpu_env(dict(__import__("os").environ))
+    proc = subprocess.run([sys.executable, "-c", PENALTY_ORDER], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[:2] == [
+        "BatchedFrequencyPenalizer BatchedMinNewTokensPenalizer BatchedPresencePenalizer BatchedRepetitionPenalizer",
+        "BatchedFrequencyPenalizer BatchedRepetitionPenalizer"]

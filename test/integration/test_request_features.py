@@ -79,6 +79,9 @@ PENALTIES = [
     {"presence_penalty": 0.8},
     {"repetition_penalty": 1.3},
     {"frequency_penalty": 0.3, "presence_penalty": 0.3},
+    # Additive and scaling penalties together: the order matters, and SGLang's
+    # own varied from one server start to the next (adapter/penalty_order.py).
+    {"frequency_penalty": 0.5, "presence_penalty": 0.3, "repetition_penalty": 1.2},
     {"min_new_tokens": 40},
     {"min_new_tokens": 200, "max_new_tokens": 220},
 ]

@@ -183,6 +183,10 @@ def register() -> None:
     from sglang_dflash.adapter import cpu_moe
 
     HookRegistry.register(cpu_moe.GATE_TARGET, cpu_moe.torch_shared_gate_on_cpu, HookType.AROUND)
+    from sglang_dflash.adapter import penalty_order
+
+    HookRegistry.register(penalty_order.ORCHESTRATOR_TARGET, penalty_order.fixed_penalty_order,
+                          HookType.BEFORE)
     from sglang_dflash.adapter import input_embeds
 
     HookRegistry.register(input_embeds.EXTEND_KWARGS_TARGET, input_embeds.embeds_in_model_dtype,
