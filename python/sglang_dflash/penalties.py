@@ -13,8 +13,9 @@ d_1..d_k: the rows differ, and applying the block-start counts to every row
 and their number (the anchor included); `apply_block_penalties` penalizes the
 rows of a block in place, additive penalties first, then the repetition
 scaling (the order SGLang's source lists them in, which the plugin makes the
-order SGLang applies them in: adapter/penalty_order.py). Only scatter / gather / where: no host sync, and no
-[bs, rows, V] temporaries beyond the logits themselves.
+order SGLang applies them in: adapter/penalty_order.py). Only scatter /
+gather / where: no host sync, and no [bs, rows, V] temporaries beyond the
+logits themselves.
 """
 
 from __future__ import annotations
