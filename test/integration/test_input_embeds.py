@@ -31,8 +31,7 @@ def servers():
 def prompts():
     """(token ids, their embedding rows) of three chat prompts."""
     tok = AutoTokenizer.from_pretrained(TARGET)
-    weights = load_file(os.path.join(TARGET, "model.safetensors"))
-    table = next(v for k, v in weights.items() if k.endswith("embed_tokens.weight"))
+    table = load_file(os.path.join(TARGET, "model.safetensors"))["model.embed_tokens.weight"]
     ids = [tok(text).input_ids for text in chat_prompts(3)]
     return ids, [table[i].tolist() for i in ids]
 
