@@ -191,4 +191,8 @@ def register() -> None:
 
     HookRegistry.register(input_embeds.EXTEND_KWARGS_TARGET, input_embeds.embeds_in_model_dtype,
                           HookType.AFTER)
+    from sglang_dflash.adapter import layer_capture
+
+    HookRegistry.register(layer_capture.QWEN3_VL_CAPTURE_TARGET, layer_capture.capture_qwen3_vl_layers,
+                          HookType.REPLACE)
     _registered = True
