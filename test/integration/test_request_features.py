@@ -417,3 +417,51 @@ def test_session_turns_identical_to_plain(servers):
     alone = [_gen(plain, prompt)["output_ids"] for prompt in (PROMPTS[1], PROMPTS[2])]
     assert [want[1], want[2]] != alone  # the session's context changes the turns
     assert _session_turns(dflash) == want
+
+
+RETRACTED = {"max_new_tokens": 320, "temperature": 0, "ignore_eos": True,
+             "frequency_penalty": 0.4, "presence_penalty": 0.3, "repetition_penalty": 1.2}
+
+
+def _paused_and_retracted(server, prompts, params) -> list[dict]:
+    """Each prompt streamed at once; once every one has streamed a few chunks,
+    /pause_generation "retract" sends them all back to the queue (their output
+    so far kept, re-prefilled on /continue_generation). Their last chunks."""
+    import threading
+    import time
+
+    last, started = [None] * len(prompts), [threading.Event() for _ in prompts]
+
+    def run(i):
+        body = {"text": prompts[i], "sampling_params": params, "stream": True}
+        with requests.post(server.url + "/generate", json=body, stream=True, timeout=600) as r:
+            for n, line in enumerate(x for x in r.iter_lines() if x.startswith(b"data:") and x != b"data: [DONE]"):
+                last[i] = json.loads(line[5:])
+                if n == 2:
+                    started[i].set()
+        started[i].set()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for event in started:
+        assert event.wait(600)
+    assert requests.post(server.url + "/pause_generation", json={"mode": "retract"}, timeout=300).ok
+    time.sleep(0.5)
+    assert requests.post(server.url + "/continue_generation", json={}, timeout=300).ok
+    for t in threads:
+        t.join(timeout=600)
+    return last
+
+
+def test_penalized_requests_retracted_by_a_pause_equal_unpaused(all_servers):
+    """A retracted request comes back through a prefill with its output so far;
+    its penalties go on counting that output (SGLang 0.5.23 restarted them from
+    zero, plain decoding included: adapter/penalty_counts.py). Plain, DFLASH
+    and speculation off, each paused mid-decode, equal plain unpaused."""
+    plain = all_servers[0]
+    want = [_gen(plain, p, **RETRACTED)["output_ids"] for p in PROMPTS]
+    for server in all_servers[:3]:
+        outs = _paused_and_retracted(server, PROMPTS, RETRACTED)
+        assert all(o["meta_info"]["num_retractions"] for o in outs), server.url
+        assert [o["output_ids"] for o in outs] == want, server.url

@@ -187,6 +187,10 @@ def register() -> None:
 
     HookRegistry.register(penalty_order.ORCHESTRATOR_TARGET, penalty_order.fixed_penalty_order,
                           HookType.BEFORE)
+    from sglang_dflash.adapter import penalty_counts
+
+    HookRegistry.register(penalty_counts.ORCHESTRATOR_INIT_TARGET, penalty_counts.count_earlier_output,
+                          HookType.AFTER)
     from sglang_dflash.adapter import input_embeds
 
     HookRegistry.register(input_embeds.EXTEND_KWARGS_TARGET, input_embeds.embeds_in_model_dtype,
