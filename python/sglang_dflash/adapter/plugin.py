@@ -74,7 +74,12 @@ def check_request(manager, obj, input_ids, *args, **kwargs):
     instead: token ids outside the vocabulary (an IndexError), an empty prompt
     (`"text": ""` tokenizes to no ids; SGLang refuses only `"input_ids": []`),
     and with `return_logprob` a `top_logprobs_num` above the vocabulary size (a
-    top-k past the row) or a `logprob_start_len` below -1 (an assertion)."""
+    top-k past the row) or a `logprob_start_len` below -1 (an assertion); and a
+    generation request (/generate, the OpenAI completion routes) to a server
+    started with --is-embedding (its decode step has no logits to sample)."""
+    if not getattr(manager, "is_generation", True) and type(obj).__name__ == "GenerateReqInput":
+        raise ValueError("this server serves an embedding model (--is-embedding): it does not "
+                         "generate; use /v1/embeddings or /encode")
     vocab = manager.model_config.vocab_size
     if input_ids is not None:
         if len(input_ids) == 0:
