@@ -31,9 +31,9 @@ print(json.dumps(out))
 """
 
 
-def _resolve(cases: dict) -> dict:
+def _resolve(cases: dict, stderr: list | None = None) -> dict:
     """Each case's resolved value; a case names its pair (default the demo
-    pair) and `dflash` for a DFLASH server."""
+    pair) and `dflash` for a DFLASH server. The resolution's log goes to `stderr`."""
     for kwargs in cases.values():
         target, drafter = kwargs.pop("pair", demo_pair())
         kwargs["model_path"] = target
@@ -43,6 +43,8 @@ def _resolve(cases: dict) -> dict:
     proc = subprocess.run([sys.executable, "-c", RESOLVE, json.dumps(cases)],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    if stderr is not None:
+        stderr.append(proc.stderr)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -72,3 +74,14 @@ def test_max_running_requests_follows_plain_on_cpu_and_upstream_on_cuda():
     # A target with recurrent state keeps it on a CPU too: SGLang sizes the state
     # pool's speculative buffers from it and requires a value.
     assert got["dflash_cpu_hybrid"] == 48 and got["dflash_cpu_hybrid_given"] == 64
+
+
+def test_draft_window_size_is_accepted_and_said_not_applied():
+    """SGLang's flag for its own worker's compact drafter cache: a DFLASH server
+    started with it (as a user switching over would) starts, saying the
+    drafter reads the whole context here."""
+    log = []
+    cpu = dict(device="cpu", attention_backend="torch_native", disable_cuda_graph=True)
+    got = _resolve({"window": dict(cpu, dflash=True, speculative_draft_window_size=64)}, log)
+    assert got["window"] == _resolve({"none": dict(cpu, dflash=True)})["none"]
+    assert "--speculative-draft-window-size 64 is not applied" in log[0]

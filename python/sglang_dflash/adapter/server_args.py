@@ -185,6 +185,13 @@ def handle_dflash(server_args) -> None:
         value = getattr(cfg, name)
         if value is not None and int(value) != 1:
             logger.warning("DFLASH uses %s == 1; overriding %s", name, value)
+    if cfg.speculative_draft_window_size is not None:
+        # Upstream keeps a compact drafter KV cache of the last W tokens; ours
+        # has no cache of its own to compact (context rows live at the target's
+        # slots) and reads every committed row, so the flag changes nothing here.
+        logger.warning("sglang-dflash: --speculative-draft-window-size %s is not applied: the drafter "
+                       "attends to each request's whole context (output is unaffected; drafts may "
+                       "differ from SGLang's own DFLASH worker)", cfg.speculative_draft_window_size)
     fields = dict(
         speculative_num_steps=1,
         speculative_eagle_topk=1,
