@@ -76,12 +76,23 @@ def test_max_running_requests_follows_plain_on_cpu_and_upstream_on_cuda():
     assert got["dflash_cpu_hybrid"] == 48 and got["dflash_cpu_hybrid_given"] == 64
 
 
-def test_draft_window_size_is_accepted_and_said_not_applied():
-    """SGLang's flag for its own worker's compact drafter cache: a DFLASH server
-    started with it (as a user switching over would) starts, saying the
-    drafter reads the whole context here."""
+def test_upstream_only_flags_are_accepted_and_said_not_applied():
+    """Flags of SGLang's own worker that ours does not act on (a compact drafter
+    cache, relaxed acceptance thresholds, block verification): a DFLASH server
+    started with them, as a user switching over would, resolves as without
+    them and says what it does instead."""
     log = []
     cpu = dict(device="cpu", attention_backend="torch_native", disable_cuda_graph=True)
-    got = _resolve({"window": dict(cpu, dflash=True, speculative_draft_window_size=64)}, log)
-    assert got["window"] == _resolve({"none": dict(cpu, dflash=True)})["none"]
-    assert "--speculative-draft-window-size 64 is not applied" in log[0]
+    got = _resolve({
+        "window": dict(cpu, dflash=True, speculative_draft_window_size=64),
+        "thresholds": dict(cpu, dflash=True, speculative_accept_threshold_single=0.5,
+                           speculative_accept_threshold_acc=0.7),
+        "block_verification": dict(device="cuda", dflash=True, speculative_use_block_verification=True),
+        "none": dict(cpu, dflash=True),
+    }, log)
+    assert got["window"] == got["thresholds"] == got["none"]
+    for said in ("--speculative-draft-window-size 64 is not applied",
+                 "--speculative-accept-threshold-single 0.5 / -acc 0.7 is not applied",
+                 "--speculative-use-block-verification is not applied"):
+        assert said in log[0], said
+    assert log[0].count("is not applied") == 3

@@ -174,6 +174,28 @@ def _resolve_block_size(server_args, cfg, drafter_block_size: int) -> int:
     return block
 
 
+def _not_applied(cfg) -> list[tuple[str, str]]:
+    """SGLang flags its own DFLASH worker honours that ours accepts without
+    acting on them, each with what happens instead (logged at start-up)."""
+    out = []
+    if cfg.speculative_draft_window_size is not None:
+        # Upstream keeps a compact drafter KV cache of the last W tokens; ours has
+        # no cache of its own to compact (context rows live at the target's slots).
+        out.append((f"--speculative-draft-window-size {cfg.speculative_draft_window_size}",
+                    "the drafter attends to each request's whole context (output is unaffected; "
+                    "drafts may differ from SGLang's own DFLASH worker)"))
+    single, acc = cfg.speculative_accept_threshold_single, cfg.speculative_accept_threshold_acc
+    if (single is not None and float(single) != 1.0) or (acc is not None and float(acc) != 1.0):
+        out.append((f"--speculative-accept-threshold-single {single} / -acc {acc}",
+                    "sampled drafts are accepted with probability min(1, p/q) exactly, so the "
+                    "output follows the target's distribution (SGLang relaxes it by the thresholds)"))
+    if getattr(cfg, "speculative_use_block_verification", False):
+        out.append(("--speculative-use-block-verification",
+                    "sampled drafts are verified token by token (exact rejection sampling, the same "
+                    "output distribution)"))
+    return out
+
+
 def handle_dflash(server_args) -> None:
     cfg = resolving_view(server_args)
     _check_device_and_parallelism(cfg)
@@ -185,13 +207,8 @@ def handle_dflash(server_args) -> None:
         value = getattr(cfg, name)
         if value is not None and int(value) != 1:
             logger.warning("DFLASH uses %s == 1; overriding %s", name, value)
-    if cfg.speculative_draft_window_size is not None:
-        # Upstream keeps a compact drafter KV cache of the last W tokens; ours
-        # has no cache of its own to compact (context rows live at the target's
-        # slots) and reads every committed row, so the flag changes nothing here.
-        logger.warning("sglang-dflash: --speculative-draft-window-size %s is not applied: the drafter "
-                       "attends to each request's whole context (output is unaffected; drafts may "
-                       "differ from SGLang's own DFLASH worker)", cfg.speculative_draft_window_size)
+    for flag, reason in _not_applied(cfg):
+        logger.warning("sglang-dflash: %s is not applied: %s", flag, reason)
     fields = dict(
         speculative_num_steps=1,
         speculative_eagle_topk=1,
