@@ -5,8 +5,9 @@ asks its language model for a method that class lacks;
 adapter/layer_capture.py). Served now, its output must equal plain decoding's
 on the same target: images become vision-tower rows in the prompt, M-RoPE
 gives them 2-D positions and shifts the text after them, so every verify block
-needs the request's position offset, and prefill chunks of 16 tokens split the
-images between chunks. Chat requests with one or two images and text-only
+needs the request's position offset (as does a W = 0 step, served by a third
+server with speculation off), and prefill chunks of 16 tokens split the images
+between chunks. Chat requests with one or two images and text-only
 ones, one at a time and eight at once, on the OpenAI route and native
 /generate (with logprobs); a repeated image prompt served from the radix cache.
 """
@@ -31,8 +32,10 @@ GREEDY = {"max_tokens": 48, "temperature": 0}
 def servers():
     args = ["--model-path", PATHS["vl-target"], "--dtype", "float32", "--chunked-prefill-size", "16",
             "--enable-cache-report"]
-    servers = start_servers(args, args + ["--speculative-algorithm", "DFLASH",
-                                          "--speculative-draft-model-path", PATHS["vl-drafter"]])
+    spec = args + ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", PATHS["vl-drafter"]]
+    # (plain, DFLASH always on, DFLASH off: W = 0 steps through the target's
+    # DECODE forward, whose M-RoPE positions SGLang builds apart from a verify's)
+    servers = start_servers(args, spec, (spec, {"SGLANG_DFLASH_POLICY": '{"mode": "off"}'}))
     yield servers
     stop_servers(*servers)
 
@@ -69,12 +72,13 @@ def _texts(server, bodies, workers: int = 1) -> list[str]:
 
 
 def test_image_chats_equal_plain(servers):
-    plain, spec = servers
+    plain, spec, off = servers
     bodies = _chat_bodies()
     want = _texts(plain, bodies)
     assert len(set(want)) > len(want) // 2, "the images should change the answers"
     assert _texts(spec, bodies) == want
     assert _texts(spec, bodies, workers=8) == want
+    assert _texts(off, bodies, workers=8) == want
     # The first prompt again: its image tokens come from the radix cache.
     again = _chat(spec, bodies[0])
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
@@ -95,9 +99,10 @@ def test_native_generate_with_image_data_equals_plain(servers):
         r = requests.post(server.url + "/generate", json=body, timeout=300)
         assert r.status_code == 200, r.text
         outs.append(r.json())
-    want, got = outs
-    assert got["output_ids"] == want["output_ids"]
-    assert len(got["meta_info"]["input_token_logprobs"]) == len(want["meta_info"]["input_token_logprobs"])
-    for (lp_got, tok_got, _), (lp_want, tok_want, _) in zip(got["meta_info"]["output_token_logprobs"],
-                                                            want["meta_info"]["output_token_logprobs"]):
-        assert tok_got == tok_want and lp_got == pytest.approx(lp_want, abs=1e-4)
+    want = outs[0]
+    for got in outs[1:]:
+        assert got["output_ids"] == want["output_ids"]
+        assert len(got["meta_info"]["input_token_logprobs"]) == len(want["meta_info"]["input_token_logprobs"])
+        for (lp_got, tok_got, _), (lp_want, tok_want, _) in zip(got["meta_info"]["output_token_logprobs"],
+                                                                want["meta_info"]["output_token_logprobs"]):
+            assert tok_got == tok_want and lp_got == pytest.approx(lp_want, abs=1e-4)
