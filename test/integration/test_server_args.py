@@ -78,7 +78,8 @@ def test_max_running_requests_follows_plain_on_cpu_and_upstream_on_cuda():
 
 def test_upstream_only_flags_are_accepted_and_said_not_applied():
     """Flags of SGLang's own worker that ours does not act on (a compact drafter
-    cache, relaxed acceptance thresholds, block verification): a DFLASH server
+    cache, relaxed acceptance thresholds, block verification, the drafter's load
+    format and KV dtype): a DFLASH server
     started with them, as a user switching over would, resolves as without
     them and says what it does instead."""
     log = []
@@ -88,11 +89,15 @@ def test_upstream_only_flags_are_accepted_and_said_not_applied():
         "thresholds": dict(cpu, dflash=True, speculative_accept_threshold_single=0.5,
                            speculative_accept_threshold_acc=0.7),
         "block_verification": dict(device="cuda", dflash=True, speculative_use_block_verification=True),
+        "formats": dict(cpu, dflash=True, speculative_draft_load_format="dummy",
+                        speculative_draft_kv_cache_dtype="fp8_e4m3"),
         "none": dict(cpu, dflash=True),
     }, log)
     assert got["window"] == got["thresholds"] == got["none"]
     for said in ("--speculative-draft-window-size 64 is not applied",
                  "--speculative-accept-threshold-single 0.5 / -acc 0.7 is not applied",
-                 "--speculative-use-block-verification is not applied"):
+                 "--speculative-use-block-verification is not applied",
+                 "--speculative-draft-load-format dummy is not applied",
+                 "--speculative-draft-kv-cache-dtype fp8_e4m3 is not applied"):
         assert said in log[0], said
-    assert log[0].count("is not applied") == 3
+    assert log[0].count("is not applied") == 5

@@ -189,6 +189,13 @@ def _not_applied(cfg) -> list[tuple[str, str]]:
         out.append((f"--speculative-accept-threshold-single {single} / -acc {acc}",
                     "sampled drafts are accepted with probability min(1, p/q) exactly, so the "
                     "output follows the target's distribution (SGLang relaxes it by the thresholds)"))
+    load_format = cfg.speculative_draft_load_format
+    if load_format not in (None, "auto", "safetensors"):
+        out.append((f"--speculative-draft-load-format {load_format}",
+                    "the drafter's weights are read from its checkpoint's safetensors"))
+    if cfg.speculative_draft_kv_cache_dtype not in (None, "auto"):
+        out.append((f"--speculative-draft-kv-cache-dtype {cfg.speculative_draft_kv_cache_dtype}",
+                    "the drafter's context rows are kept in the drafter's dtype"))
     if getattr(cfg, "speculative_use_block_verification", False):
         out.append(("--speculative-use-block-verification",
                     "sampled drafts are verified token by token (exact rejection sampling, the same "
