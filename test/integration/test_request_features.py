@@ -12,6 +12,8 @@ from its own synchronous run on this pair)."""
 import json
 import math
 import re
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -427,9 +429,6 @@ def _paused_and_retracted(server, prompts, params) -> list[dict]:
     """Each prompt streamed at once; once every one has streamed a few chunks,
     /pause_generation "retract" sends them all back to the queue (their output
     so far kept, re-prefilled on /continue_generation). Their last chunks."""
-    import threading
-    import time
-
     last, started = [None] * len(prompts), [threading.Event() for _ in prompts]
 
     def run(i):

@@ -79,9 +79,8 @@ def test_max_running_requests_follows_plain_on_cpu_and_upstream_on_cuda():
 def test_upstream_only_flags_are_accepted_and_said_not_applied():
     """Flags of SGLang's own worker that ours does not act on (a compact drafter
     cache, relaxed acceptance thresholds, block verification, the drafter's load
-    format and KV dtype): a DFLASH server
-    started with them, as a user switching over would, resolves as without
-    them and says what it does instead."""
+    format and KV dtype): a DFLASH server started with them, as a user switching
+    over would, resolves as without them and says what it does instead."""
     log = []
     cpu = dict(device="cpu", attention_backend="torch_native", disable_cuda_graph=True)
     got = _resolve({

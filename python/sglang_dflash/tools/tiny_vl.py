@@ -20,6 +20,7 @@ writes, from the dense tiny pair (`tiny_models.py`) already in `--out`:
   and head, so it has none of its own) with the target's vocabulary size in its
   config: trained on `target/`, it drafts text after an image as well as the
   target's changed context lets it.
+* `VL.md`: what was built.
 """
 
 from __future__ import annotations
@@ -116,6 +117,25 @@ def save_vl_drafter(text_drafter: Path, out: Path) -> None:
     shutil.copy(text_drafter / "model.safetensors", out / "model.safetensors")
 
 
+def write_vl_md(path: Path, ids: list[int], seed: int) -> None:
+    v = VISION
+    path.write_text(f"""# Tiny multimodal test pair
+
+Built by `sglang_dflash.tools.tiny_vl` (float32, seed {seed}; see its docstring)
+from `target/` and `drafter-trained/`:
+
+* `vl-target/`: HF Qwen3VLForConditionalGeneration.
+  Language model: `target/`'s weights (H 64, 4 layers, FFN 128); vocabulary
+  {VOCAB_SIZE}: `target/`'s 1024, the vision tokens at ids {ids}, padding;
+  interleaved M-RoPE sections {MROPE_SECTION}. On text alone it decodes as `target/`.
+  Vision tower: random, {v['depth']} layers of width {v['hidden_size']}, patches of
+  {v['patch_size']} pixels merged {v['spatial_merge_size']} x {v['spatial_merge_size']}, deepstack tap
+  {v['deepstack_visual_indexes']}; {MIN_PIXELS} to {MAX_PIXELS} pixels per image.
+* `vl-drafter/`: `drafter-trained/` with the vocabulary size above (it reads
+  the target's embedding and head).
+""")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=tiny.DEFAULT_OUT)
@@ -126,6 +146,7 @@ def main(argv=None) -> None:
     model = build_vl_target(args.out / "target", tokenizer, ids, args.seed)
     save_vl_target(model, tokenizer, tiny._fresh_dir(args.out / "vl-target"))
     save_vl_drafter(args.out / "drafter-trained", tiny._fresh_dir(args.out / "vl-drafter"))
+    write_vl_md(args.out / "VL.md", ids, args.seed)
     log(f"vision token ids {ids}; wrote vl-target/ and vl-drafter/ under {args.out}")
 
 
