@@ -1,5 +1,6 @@
-"""The Qwen3-VL capture hook (adapter/layer_capture.py) and the tiny Qwen3-VL
-pair it is served with (tools/tiny_vl.py)."""
+"""Multimodal targets: the Qwen3-VL capture hook (adapter/layer_capture.py),
+where a wrapper keeps its decoder stack (adapter/target_parts.py), and the tiny
+Qwen3-VL pair (tools/tiny_vl.py)."""
 
 import types
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from sglang_dflash.adapter.layer_capture import capture_qwen3_vl_layers
+from sglang_dflash.adapter.target_parts import decoder_stack
 from sglang_dflash.demo import tiny_paths
 
 
@@ -29,6 +31,17 @@ def test_capture_left_alone_off_the_last_pipeline_rank_and_refused_without_ids()
     assert model.model.layers_to_capture == [] and not model.capture_aux_hidden_states
     with pytest.raises(ValueError, match="layer_ids"):
         capture_qwen3_vl_layers(_model(), None)
+
+
+def test_decoder_stack_of_text_models_and_multimodal_wrappers():
+    stack = types.SimpleNamespace(embed_tokens="E", layers=["L"])
+    text = types.SimpleNamespace(model=stack, lm_head="H")  # Qwen3, Llama, ... and Qwen3-VL
+    lfm2_vl = types.SimpleNamespace(language_model=types.SimpleNamespace(model=stack))
+    gemma4_mm = types.SimpleNamespace(model=types.SimpleNamespace(), language_model=stack)
+    for target in (text, lfm2_vl, gemma4_mm):
+        assert decoder_stack(target) is stack
+    with pytest.raises(AttributeError, match="no decoder stack"):
+        decoder_stack(types.SimpleNamespace(model=types.SimpleNamespace(layers=[])))
 
 
 def test_tiny_vl_target_decodes_text_as_the_dense_target():

@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from sglang_dflash.adapter.target_parts import decoder_stack
 from sglang_dflash.propose import propose
 from sglang_dflash.vocab_head import VocabHead
 
@@ -53,7 +54,7 @@ def _best_times(makers: list, passes: int = 3) -> list[float]:
 
 
 def _dense_weights(target_model) -> list[torch.Tensor]:
-    layers = target_model.model.layers
+    layers = decoder_stack(target_model).layers
     weights = [p for p in layers.parameters() if p.dim() == 2]
     from sglang.srt.lora.layers import unwrap_lora_layer
 

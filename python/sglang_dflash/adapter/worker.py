@@ -59,6 +59,7 @@ from sglang_dflash.adapter.disaggregation import ContextPoolView
 from sglang_dflash.adapter import one_row_verify, returned_states
 from sglang_dflash.adapter.linear_state import commit_accepted_state, has_linear_state, prefix_cache_track
 from sglang_dflash.adapter.server_args import policy_config
+from sglang_dflash.adapter.target_parts import decoder_stack
 from sglang_dflash.adapter.tensor_parallel import local_row, tensor_parallel, vocab_head
 from sglang_dflash.adapter.verify_logits import VerifyLogits
 from sglang_dflash.policy import TUNING, SpeculationPolicy
@@ -151,7 +152,7 @@ class DFlashWorker(BaseSpecWorker):
         # the drafter uses the plain modules (an adapter changes only what the
         # target verifies, and the verify decides every committed token).
         target = self.model_runner.model
-        self._target_embed = unwrap_lora_layer(target.model.embed_tokens)
+        self._target_embed = unwrap_lora_layer(decoder_stack(target).embed_tokens)
         self.mask_token_id = resolve_mask_token_id(
             self.drafter.cfg, getattr(target_worker, "tokenizer", None),
             int(self.model_runner.model_config.vocab_size))
