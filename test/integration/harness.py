@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 
@@ -474,3 +475,39 @@ def start_servers(*configs: list[str] | tuple[list[str], dict], spawn: bool = Fa
         stop_servers(*servers)
         raise
     return servers
+
+
+class Streams:
+    """One streaming /generate per request body, each in a thread that keeps
+    its last chunk; `wait_decoding` returns once every one has streamed a few
+    chunks, so a pause then lands mid-decode."""
+
+    def __init__(self, server, bodies: list[dict]):
+        self.last = [None] * len(bodies)
+        self.started = [threading.Event() for _ in bodies]
+        self.threads = [threading.Thread(target=self._run, args=(server, i, body))
+                        for i, body in enumerate(bodies)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, server, i, body):
+        with requests.post(server.url + "/generate", json={**body, "stream": True}, stream=True,
+                           timeout=600) as r:
+            chunks = 0
+            for line in r.iter_lines():
+                if line.startswith(b"data:") and line != b"data: [DONE]":
+                    self.last[i] = json.loads(line[5:])
+                    chunks += 1
+                    if chunks == 3:
+                        self.started[i].set()
+        self.started[i].set()
+
+    def wait_decoding(self):
+        for event in self.started:
+            assert event.wait(600)
+        assert all(t.is_alive() for t in self.threads), "a request finished before the pause"
+
+    def join(self):
+        for t in self.threads:
+            t.join(timeout=600)
+        return self.last

@@ -25,7 +25,7 @@ import pytest
 import requests
 import torch
 
-from harness import PATHS, TARGET, Server, chat_prompts, noised_copy, not_transformers_greedy
+from harness import PATHS, TARGET, Server, Streams, chat_prompts, noised_copy, not_transformers_greedy
 
 MAX_NEW = 48
 LONG = {"max_new_tokens": 1200, "temperature": 0.0, "ignore_eos": True}
@@ -122,39 +122,8 @@ def test_abort_request_and_client_disconnect(server, prompts):
 PAUSED = {"max_new_tokens": 400, "temperature": 0.0, "ignore_eos": True}
 
 
-class _Streams:
-    """One streaming /generate per prompt (token ids), each in a thread that
-    keeps its last chunk; `wait_decoding` returns once every one has streamed
-    a few chunks, so a pause then lands mid-decode."""
-
-    def __init__(self, server, prompts):
-        self.last = [None] * len(prompts)
-        self.started = [threading.Event() for _ in prompts]
-        self.threads = [threading.Thread(target=self._run, args=(server, i, p)) for i, p in enumerate(prompts)]
-        for t in self.threads:
-            t.start()
-
-    def _run(self, server, i, prompt):
-        body = {"input_ids": prompt, "sampling_params": PAUSED, "stream": True}
-        with requests.post(server.url + "/generate", json=body, stream=True, timeout=600) as r:
-            chunks = 0
-            for line in r.iter_lines():
-                if line.startswith(b"data:") and line != b"data: [DONE]":
-                    self.last[i] = json.loads(line[5:])
-                    chunks += 1
-                    if chunks == 3:
-                        self.started[i].set()
-        self.started[i].set()
-
-    def wait_decoding(self):
-        for event in self.started:
-            assert event.wait(600)
-        assert all(t.is_alive() for t in self.threads), "a request finished before the pause"
-
-    def join(self):
-        for t in self.threads:
-            t.join(timeout=600)
-        return self.last
+def _streams(server, prompt_ids) -> Streams:
+    return Streams(server, [{"input_ids": ids, "sampling_params": PAUSED} for ids in prompt_ids])
 
 
 def _post(server, path, body=None):
@@ -173,13 +142,13 @@ def prompt_ids(prompts):
 
 @pytest.fixture(scope="module")
 def unpaused(server, prompt_ids):
-    streams = _Streams(server, prompt_ids)
+    streams = _streams(server, prompt_ids)
     return [out["output_ids"] for out in streams.join()]
 
 
 @pytest.mark.parametrize("mode", ["retract", "in_place", "abort"])
 def test_pause_and_continue(server, prompt_ids, unpaused, mode):
-    streams = _Streams(server, prompt_ids)
+    streams = _streams(server, prompt_ids)
     streams.wait_decoding()
     _post(server, "/pause_generation", {"mode": mode})
     time.sleep(1.0)
@@ -188,7 +157,7 @@ def test_pause_and_continue(server, prompt_ids, unpaused, mode):
     if mode == "abort":
         assert all(o["meta_info"]["finish_reason"]["type"] == "abort" for o in outs), outs
         assert all(len(o["output_ids"]) < PAUSED["max_new_tokens"] for o in outs)
-        streams = _Streams(server, prompt_ids)  # and the server serves them as before
+        streams = _streams(server, prompt_ids)  # and the server serves them as before
         outs = streams.join()
     assert [o["output_ids"] for o in outs] == unpaused
     retracted = [o["meta_info"]["num_retractions"] for o in outs]
@@ -202,7 +171,7 @@ def test_pause_update_target_continue(server, prompt_ids, tmp_path):
     on the served prefix), and the new target does choose differently. The
     original weights are loaded back after."""
     new_target = noised_copy(TARGET, tmp_path / "target2", 0.3, torch.Generator().manual_seed(1))
-    streams = _Streams(server, prompt_ids)
+    streams = _streams(server, prompt_ids)
     streams.wait_decoding()
     _post(server, "/pause_generation", {"mode": "retract"})
     try:

@@ -12,14 +12,13 @@ from its own synchronous run on this pair)."""
 import json
 import math
 import re
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 
-from harness import hidden_state_rows, max_row_difference, start_servers, stop_servers
+from harness import Streams, hidden_state_rows, max_row_difference, start_servers, stop_servers
 from sglang_dflash.demo import demo_pair
 
 EGGS = ("<|im_start|>user\nJanet has 16 eggs and eats 3. How many are left?<|im_end|>\n"
@@ -426,31 +425,15 @@ RETRACTED = {"max_new_tokens": 320, "temperature": 0, "ignore_eos": True,
 
 
 def _paused_and_retracted(server, prompts, params) -> list[dict]:
-    """Each prompt streamed at once; once every one has streamed a few chunks,
-    /pause_generation "retract" sends them all back to the queue (their output
-    so far kept, re-prefilled on /continue_generation). Their last chunks."""
-    last, started = [None] * len(prompts), [threading.Event() for _ in prompts]
-
-    def run(i):
-        body = {"text": prompts[i], "sampling_params": params, "stream": True}
-        with requests.post(server.url + "/generate", json=body, stream=True, timeout=600) as r:
-            for n, line in enumerate(x for x in r.iter_lines() if x.startswith(b"data:") and x != b"data: [DONE]"):
-                last[i] = json.loads(line[5:])
-                if n == 2:
-                    started[i].set()
-        started[i].set()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for event in started:
-        assert event.wait(600)
+    """Each prompt streamed at once; once every one is decoding, /pause_generation
+    "retract" sends them all back to the queue (their output so far kept,
+    re-prefilled on /continue_generation). Their last chunks."""
+    streams = Streams(server, [{"text": p, "sampling_params": params} for p in prompts])
+    streams.wait_decoding()
     assert requests.post(server.url + "/pause_generation", json={"mode": "retract"}, timeout=300).ok
     time.sleep(0.5)
     assert requests.post(server.url + "/continue_generation", json={}, timeout=300).ok
-    for t in threads:
-        t.join(timeout=600)
-    return last
+    return streams.join()
 
 
 def test_penalized_requests_retracted_by_a_pause_equal_unpaused(all_servers):

@@ -41,17 +41,16 @@ def count_earlier_output(result, orchestrator, *args, **kwargs):
     mode = getattr(batch, "forward_mode", None)
     if not orchestrator.is_required or mode is None or not mode.is_extend():
         return result
+    counted = [(penalizer, _COUNTED[type(penalizer).__name__])
+               for penalizer in orchestrator.penalizers.values()
+               if type(penalizer).__name__ in _COUNTED and penalizer.is_prepared()]
     earlier = [(i, req.output_ids) for i, req in enumerate(batch.reqs) if req.output_ids]
-    if not earlier:
+    if not counted or not earlier:  # e.g. min_new_tokens alone, or no retracted request
         return result
     device = orchestrator.device
     rows = torch.tensor([i for i, ids in earlier for _ in ids], dtype=torch.int64, device=device)
     tokens = torch.tensor([t for _, ids in earlier for t in ids], dtype=torch.int64, device=device)
-    for penalizer in orchestrator.penalizers.values():
-        names = _COUNTED.get(type(penalizer).__name__)
-        if names is None or not penalizer.is_prepared():
-            continue
-        counts_name, value_name, adds = names
+    for penalizer, (counts_name, value_name, adds) in counted:
         add_counts(getattr(penalizer, counts_name), getattr(penalizer, value_name), rows, tokens, adds)
     return result
 
