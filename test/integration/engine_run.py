@@ -12,7 +12,8 @@ with ENGINE_START_METHOD=spawn as a fresh interpreter:
 SPEC: {"engine": {sgl.Engine kwargs}, "runs": [{"name", "prompts" | "input_ids", "batch_size",
 "sampling_params"[, "lora_path": one per prompt][, "load_lora": {name: path}, loaded into the engine
 before the run][, "weights": [weight op, ...], applied before the run, their (success, message)
-recorded][, "return_hidden_states": one per prompt, the states recorded in meta_info]}][, "gate":
+recorded][, "return_hidden_states": one per prompt, the states recorded in meta_info][,
+"return_routed_experts": true, each prompt's routed experts (base64) recorded in meta_info]}][, "gate":
 true]}. A weight op is {"op": "disk", "path"} (the engine's update_weights_from_disk) or
 {"op": "tensor", "path" | None, "selector"[, "extra": {name: shape}][, "load_format"]} (every tensor
 of the checkpoint at `path`, if any, plus zero tensors `extra`, through update_weights_from_tensor
@@ -158,7 +159,8 @@ def _run(engine, run):
         engine.load_lora_adapter(name, path)
     loras = run.get("lora_path")
     hidden = run.get("return_hidden_states")  # one per prompt
-    keys = META_KEYS + (("hidden_states",) if hidden is not None else ())
+    experts = bool(run.get("return_routed_experts"))
+    keys = META_KEYS + (("hidden_states",) if hidden is not None else ()) + (("routed_experts",) if experts else ())
     results = []
     t0 = time.time()
     for start in range(0, len(items), bs):
@@ -166,6 +168,8 @@ def _run(engine, run):
         extra = {} if loras is None else {"lora_path": loras[start : start + bs]}
         if hidden is not None:
             extra["return_hidden_states"] = hidden[start : start + bs]
+        if experts:
+            extra["return_routed_experts"] = True
         outs = engine.generate(**{key: group}, sampling_params=run["sampling_params"], **extra)
         for out in outs:
             meta = {k: out["meta_info"].get(k) for k in keys}

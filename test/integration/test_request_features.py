@@ -72,7 +72,7 @@ def _gen(server, text, timeout=300, **params):
     return r.json()
 
 
-_TOP_LEVEL = {"return_logprob", "top_logprobs_num", "token_ids_logprob", "logprob_start_len", "input_ids",
+_TOP_LEVEL = {"priority", "return_logprob", "top_logprobs_num", "token_ids_logprob", "logprob_start_len", "input_ids",
               "return_sampling_mask", "custom_logit_processor", "return_hidden_states", "session_params"}
 
 PENALTIES = [
@@ -447,3 +447,24 @@ def test_penalized_requests_retracted_by_a_pause_equal_unpaused(all_servers):
         outs = _paused_and_retracted(server, PROMPTS, RETRACTED)
         assert all(o["meta_info"]["num_retractions"] for o in outs), server.url
         assert [o["output_ids"] for o in outs] == want, server.url
+
+
+def test_requests_preempted_by_priority_equal_plain(all_servers):
+    """Priority scheduling with preemption (`--enable-priority-scheduling`,
+    room for two running requests): a request of higher priority arriving
+    while two penalized ones decode sends one of them back to the queue (its
+    output kept, re-prefilled later), as a retraction does. Under DFLASH every
+    output, the preempted one's included, equals plain's unpreempted."""
+    plain = all_servers[0]
+    want = [_gen(plain, p, **RETRACTED)["output_ids"] for p in PROMPTS]
+    server = start_servers([*_args(spec=True), "--enable-priority-scheduling", "--max-running-requests", "2"])[0]
+    try:
+        low = Streams(server, [{"text": p, "sampling_params": RETRACTED, "priority": 0} for p in PROMPTS[:2]])
+        low.wait_decoding()
+        # SGLang preempts for a priority higher by more than its threshold (10).
+        high = _gen(server, PROMPTS[2], priority=100, **RETRACTED)
+        outs = low.join()
+    finally:
+        stop_servers(server)
+    assert sorted(o["meta_info"]["num_retractions"] for o in outs) == [0, 1]
+    assert [o["output_ids"] for o in outs] + [high["output_ids"]] == want

@@ -29,9 +29,17 @@ The DeepSeek-V3 pair (`tools/tiny_mla.py`; MLA in every layer, MoE in layers
 prefills a batch with no cached prefix through per-head K/V (its MHA path) and
 everything else, extends of a cached prefix, decode steps and verify blocks,
 through the latent (the absorbed path), as on a GPU with the triton backend;
-always on, with the ordinary radix cache.
+always on and adaptive, with the ordinary radix cache. Its engines also
+record each token's routed experts (--enable-return-routed-experts), which
+requests get back equal to plain's: a verify block records every row, the
+accepted ones stay.
 """
 
+import base64
+import json
+import os
+
+import numpy as np
 import pytest
 
 from harness import Job, chat_prompts, not_transformers_greedy, output_ids, run_engines
@@ -58,7 +66,11 @@ NO_RADIX = {"disable_radix_cache": True}
 # prefills through per-head K/V only a batch with no cached prefix: whole
 # prompts in one chunk make that the first batch's every prompt; the later
 # batches hit the chat template's cached prefix and extend through the latent.
-TARGET_ENGINE = {"dense": RADIX, "lfm2": RADIX, "nemotron": RADIX, "mla": {"chunked_prefill_size": 512}}
+TARGET_ENGINE = {"dense": RADIX, "lfm2": RADIX, "nemotron": RADIX,
+                 "mla": {"chunked_prefill_size": 512, "enable_return_routed_experts": True}}
+# Targets whose requests ask for their routed experts (an MoE target on the
+# overlap scheduler, where the records wait on the step's result).
+EXPERT_TARGETS = ("mla",)
 # Targets served with a radix cache: each also serves its prompts extended.
 RADIX_TARGETS = ("dense", "lfm2", "nemotron", "mla")
 POLICIES = {"on": '{"mode": "on"}', "adaptive": '{"mode": "adaptive", "probe_interval": 8}'}
@@ -105,7 +117,8 @@ def inputs(prompts):
 def engines(inputs):
     jobs = {}
     for target, (model, drafter, policies, _) in TARGETS.items():
-        runs = [{"name": name, "input_ids": ids, "batch_size": bs, "sampling_params": GREEDY}
+        experts = {"return_routed_experts": True} if target in EXPERT_TARGETS else {}
+        runs = [{"name": name, "input_ids": ids, "batch_size": bs, "sampling_params": GREEDY, **experts}
                 for name, (ids, bs) in inputs[target].items()]
         plain = {**ENGINE, **TARGET_ENGINE.get(target, NO_RADIX), "model_path": PATHS[model]}
         env = TARGET_ENV.get(target, {})
@@ -152,3 +165,25 @@ def test_extended_prompts_resume_from_the_radix_cache(engines, prompts, target):
         runs = engines[target, policy] if policy == "plain" else engines[target, policy][0]
         cached = [r["meta_info"]["cached_tokens"] for r in runs["extend"]["results"]]
         assert cached == [len(ids) for ids in prompts], f"{target} {policy}: cached tokens {cached}"
+
+
+@pytest.mark.parametrize("target", EXPERT_TARGETS)
+def test_routed_experts_equal_plain(engines, inputs, target):
+    """Each request's routed experts, one row per token but the last (prompt
+    and output; every layer's top-k ids), equal plain decoding's under every
+    policy (adaptive: steps at W = 0, the target's DECODE forward, included).
+    Under the overlap scheduler a step's records are stored when its result is
+    processed; a decode result without them left the output tokens' rows stale."""
+    config = json.load(open(os.path.join(PATHS[TARGETS[target][0]], "config.json")))
+    per_token = config["num_hidden_layers"] * config["num_experts_per_tok"]
+    for policy in TARGETS[target][2]:
+        for name, (prompts, _) in inputs[target].items():
+            want = engines[target, "plain"][name]["results"]
+            got = engines[target, policy][0][name]["results"]
+            for i, (w, g) in enumerate(zip(want, got)):
+                w, g = (np.frombuffer(base64.b64decode(r["meta_info"]["routed_experts"]), dtype=np.int32)
+                        for r in (w, g))
+                tokens = len(prompts[i]) + want[i]["meta_info"]["completion_tokens"] - 1
+                assert w.size == g.size == tokens * per_token, (target, policy, name, i, w.size, g.size)
+                rows = np.unique(np.nonzero(w != g)[0] // per_token)
+                assert not rows.size, f"{target} {policy} {name} prompt {i}: token rows {rows[:8]} differ"

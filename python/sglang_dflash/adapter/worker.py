@@ -514,7 +514,8 @@ class DFlashWorker(BaseSpecWorker):
         walk_u, verify_u = self._draw_uniforms(batch.reqs, prefix, width)
         proposal = self._draft(anchor, prefix, context, sampling, walk_u).first(width)
         verify_ids = torch.cat([anchor.unsqueeze(1), proposal.drafts], dim=1)
-        logits_output = self._verify(batch, verify_ids, positions, cache_loc, num_verify)
+        target_out = self._verify(batch, verify_ids, positions, cache_loc, num_verify)
+        logits_output = target_out.logits_output
         self.verify_logits.adjust(batch, logits_output.next_token_logits, verify_ids, grammar_barrier)
         logits = logits_output.next_token_logits.view(bs, num_verify, -1)
         result = verify_block(proposal.drafts, logits, sampling, verify_u,
@@ -543,7 +544,7 @@ class DFlashWorker(BaseSpecWorker):
         final = returned_states.take_final_states(logits_output)
         logits_output.hidden_states = returned_states.decode_states(batch, final, num_verify, self.block_size)
         self._pending_steps.append((width, bs, self.policy.steps - 1))
-        return self._step_result(logits_output, result.tokens, result.bonus, plan.commit_lens, plan.new_seq_lens)
+        return self._step_result(target_out, result.tokens, result.bonus, plan.commit_lens, plan.new_seq_lens)
 
     def _decode_off(self, batch, draft_input, on_publish, anchor, prefix, sampling,
                     grammar_barrier=None):
@@ -559,10 +560,10 @@ class DFlashWorker(BaseSpecWorker):
         cache_loc = self._token_slots(batch.req_pool_indices, prefix.unsqueeze(1))  # [bs, 1]
         if self.one_row is not None and self.one_row.takes(bs):
             with self.one_row.active():  # its own captured graphs, where there are
-                logits_output = self._verify(batch, anchor.unsqueeze(1), prefix.unsqueeze(1),
-                                             cache_loc, 1)
+                target_out = self._verify(batch, anchor.unsqueeze(1), prefix.unsqueeze(1), cache_loc, 1)
         else:
-            logits_output = self._target_decode(batch, anchor, cache_loc[:, 0])
+            target_out = self._target_decode(batch, anchor, cache_loc[:, 0])
+        logits_output = target_out.logits_output
         self.verify_logits.adjust(batch, logits_output.next_token_logits, anchor.unsqueeze(1), grammar_barrier)
         logits = logits_output.next_token_logits  # [bs, V]
         if sampling is None:
@@ -590,7 +591,7 @@ class DFlashWorker(BaseSpecWorker):
         final = returned_states.take_final_states(logits_output)
         logits_output.hidden_states = returned_states.decode_states(batch, final, 1, self.block_size)
         self._pending_steps.append((0, bs, self.policy.steps - 1))
-        return self._step_result(logits_output, bonus.unsqueeze(1), bonus, None, new_seq_lens)
+        return self._step_result(target_out, bonus.unsqueeze(1), bonus, None, new_seq_lens)
 
     def _target_decode(self, batch, anchor, cache_loc):
         """Plain decoding's target forward (ForwardMode.DECODE) of one token per
@@ -627,11 +628,16 @@ class DFlashWorker(BaseSpecWorker):
             runner.decode_cuda_graph_runner = graphs
             (batch.input_ids, batch.spec_info, batch.forward_mode, batch.out_cache_loc,
              batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum) = saved
-        return out.logits_output
+        return out
 
-    def _step_result(self, logits_output, tokens, bonus, commit_lens, new_seq_lens) -> GenerationBatchResult:
+    def _step_result(self, target_out, tokens, bonus, commit_lens, new_seq_lens) -> GenerationBatchResult:
         """The scheduler's view of a decode step: tokens [bs, W+1] (PAD after each
-        request's bonus) padded to the block, commit lengths [bs] (None: one each)."""
+        request's bonus) padded to the block, commit lengths [bs] (None: one each),
+        and what the target's forward recorded per token slot for the scheduler
+        to keep (routed experts, indexer top-k, expert-load metrics): under the
+        overlap scheduler those wait on the result and are stored when it is
+        processed, so a result without them loses the decoded tokens' records."""
+        logits_output = target_out.logits_output
         bs, num_verify = tokens.shape
         # The verify logits ([bs * (W+1), V] float32) are spent: the scheduler
         # reads only the tokens, counts and logprobs, but keeps the result alive
@@ -655,6 +661,9 @@ class DFlashWorker(BaseSpecWorker):
             # "cap" counter carries them to meta_info and the metrics, whose accept
             # rate would otherwise assume B-1 per step (adapter/metrics.py).
             cap_lens=torch.full((bs,), num_verify - 1, dtype=torch.int32, device=self.device),
+            routed_experts_output=target_out.routed_experts_output,
+            indexer_topk_output=target_out.indexer_topk_output,
+            expert_distribution_metrics=target_out.expert_distribution_metrics,
         )
 
     def _token_slots(self, req_pool_indices, positions):
@@ -782,7 +791,8 @@ class DFlashWorker(BaseSpecWorker):
                        all_greedy=sampling is None)
 
     def _verify(self, batch, verify_ids, positions, cache_loc, num_verify):
-        """Target TARGET_VERIFY forward over [bs, num_verify] rows (raw logits)."""
+        """Target TARGET_VERIFY forward over [bs, num_verify] rows: the target
+        worker's result (raw logits in its logits_output)."""
         verify_input = DFlashVerifyInput(
             draft_token=verify_ids.reshape(-1),
             positions=positions.reshape(-1),
@@ -806,7 +816,7 @@ class DFlashWorker(BaseSpecWorker):
                     skip_attn_backend_init=True)
         finally:
             batch.seq_lens_cpu, batch.seq_lens_sum = host_lens, host_sum
-        return out.logits_output
+        return out
 
     @staticmethod
     def _report_sampling(batch, draft_input, logits_output, tokens, commit_lens):
