@@ -187,3 +187,15 @@ def test_pause_update_target_continue(server, prompt_ids, tmp_path):
         assert not_old.get(i), f"prompt {i}: no token differs from the old target's choice"
         assert max(not_new.get(i, [-1])) < min(not_old[i]), \
             f"prompt {i}: new-target tokens before old-target ones: {not_new.get(i)} / {not_old[i]}"
+
+
+def test_release_and_resume_memory_occupation(server, prompt_ids, unpaused):
+    """The colocated RL loop's memory calls between rollouts: release (every
+    tag) and resume. On a CPU host SGLang's release ended in a CUDA
+    synchronize that killed the scheduler, plain decoding included
+    (adapter/cpu_memory_occupation.py); now both return and the server
+    serves the same tokens (the radix cache flushed: KV and drafter context
+    rebuilt from the prompts)."""
+    _post(server, "/release_memory_occupation")
+    _post(server, "/resume_memory_occupation")
+    assert [o["output_ids"] for o in _streams(server, prompt_ids).join()] == unpaused

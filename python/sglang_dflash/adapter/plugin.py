@@ -156,6 +156,10 @@ def register() -> None:
     HookRegistry.register(cpu_host_pools.RECORD_INIT_TARGET, cpu_host_pools.building_record, HookType.AROUND)
     HookRegistry.register(cpu_host_pools.HOST_REGISTER_TARGET, cpu_host_pools.unregistered_while_building,
                           HookType.AROUND)
+    from sglang_dflash.adapter import cpu_memory_occupation
+
+    HookRegistry.register(cpu_memory_occupation.RELEASE_TARGET, cpu_memory_occupation.release_on_cpu,
+                          HookType.AROUND)
     from sglang_dflash.adapter import mixed_chunk
 
     HookRegistry.register(mixed_chunk.MIX_TARGET, mixed_chunk.no_mixing_with_stateful_requests,

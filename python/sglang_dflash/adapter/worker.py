@@ -35,6 +35,7 @@ import time
 from collections import deque
 
 import torch
+from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE, GPU_MEMORY_TYPE_WEIGHTS
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
@@ -225,7 +226,17 @@ class DFlashWorker(BaseSpecWorker):
             target_num_layers=int(hf.num_hidden_layers) * int(getattr(hf, "num_loops", 1) or 1),
             dtype=self.model_runner.dtype,
         )
-        return drafter.to(self.device).eval()
+        # Moved to the device inside the memory saver's weights region, as SGLang
+        # loads a draft model, so /release_memory_occupation frees it too; backed
+        # up to the host while released, so it comes back intact (a trainer
+        # rarely pushes drafter weights after a resume).
+        with self._memory_region(GPU_MEMORY_TYPE_WEIGHTS, enable_cpu_backup=True):
+            return drafter.to(self.device).eval()
+
+    def _memory_region(self, tag, **kwargs):
+        """SGLang's memory-saver region for `tag` (a no-op without --enable-memory-saver)."""
+        adapter = getattr(self.model_runner, "memory_saver_adapter", None)
+        return contextlib.nullcontext() if adapter is None else adapter.region(tag, **kwargs)
 
     def merge_mask_embedding(self):
         """A trained mask embedding (`mask_embedding.pt`) replaces the target
@@ -300,14 +311,17 @@ class DFlashWorker(BaseSpecWorker):
         num_slots = _kv_pool_rows(self.model_runner)
         self.linear_state = has_linear_state(self.model_runner)
         cfg = self.drafter.cfg
-        kv = DraftKVCache(
-            num_layers=cfg.num_hidden_layers,
-            num_slots=num_slots,
-            num_kv_heads=cfg.num_key_value_heads,
-            head_dim=cfg.head_dim,
-            dtype=self.model_runner.dtype,
-            device=self.device,
-        )
+        # In the KV cache's region: released with it (its rows, like the target's
+        # KV, are rebuilt by the prefills after SGLang flushes the cache).
+        with self._memory_region(GPU_MEMORY_TYPE_KV_CACHE):
+            kv = DraftKVCache(
+                num_layers=cfg.num_hidden_layers,
+                num_slots=num_slots,
+                num_kv_heads=cfg.num_key_value_heads,
+                head_dim=cfg.head_dim,
+                dtype=self.model_runner.dtype,
+                device=self.device,
+            )
         # Under PD disaggregation SGLang's KV transfer reads (prefill server) and
         # writes (decode server) the pool's rows: no row may wait in the queue.
         disaggregated = str(get_disagg().disaggregation_mode or "null") != "null"
