@@ -200,6 +200,36 @@ def test_openai_chat_logprobs_equal_plain(servers):
         [[t["token"] for t in x["top_logprobs"]] for x in w]
 
 
+def _streamed_chat_logprobs(server, body) -> list[tuple[str, float]]:
+    """(token, logprob) of every logprob entry a streamed chat response sent, in order."""
+    out = []
+    with requests.post(server.url + "/v1/chat/completions", json={**body, "stream": True}, stream=True,
+                       timeout=300) as r:
+        assert r.status_code == 200, r.text
+        for line in r.iter_lines():
+            if line.startswith(b"data:") and line != b"data: [DONE]":
+                for choice in json.loads(line[5:]).get("choices", []):
+                    out += [(x["token"], x["logprob"]) for x in (choice.get("logprobs") or {}).get("content") or []]
+    return out
+
+
+@pytest.mark.parametrize("stop", [None, ["legs"]], ids=["eos", "stop-string"])
+def test_openai_chat_streamed_logprobs_equal_plain(servers, stop):
+    """A streamed chat's logprobs, concatenated, are the whole response's, on
+    both servers: SGLang dropped those of a step whose text delta was empty
+    (plain: the EOS token; DFLASH commits it with other tokens and kept it),
+    and sends them now (adapter/stream_logprobs.py)."""
+    plain, dflash = servers
+    body = {"model": "default", "messages": [{"role": "user", "content": "How many legs has a cat?"}],
+            "max_tokens": 48, "temperature": 0, "logprobs": True, "top_logprobs": 2, "stop": stop}
+    whole = requests.post(plain.url + "/v1/chat/completions", json=body, timeout=300).json()
+    want = [(x["token"], x["logprob"]) for x in whole["choices"][0]["logprobs"]["content"]]
+    for server in (plain, dflash):
+        got = _streamed_chat_logprobs(server, body)
+        assert [t for t, _ in got] == [t for t, _ in want], server.url
+        assert _close([lp for _, lp in got], [lp for _, lp in want]), server.url
+
+
 def _concurrent_equal_plain(server, plain, requests_):
     """Send requests_ (dicts: text and parameters) to server at once, so they share
     decode batches, and to plain one by one; each output must equal plain's.

@@ -160,6 +160,10 @@ def register() -> None:
 
     HookRegistry.register(cpu_memory_occupation.RELEASE_TARGET, cpu_memory_occupation.release_on_cpu,
                           HookType.AROUND)
+    from sglang_dflash.adapter import stream_logprobs
+
+    HookRegistry.register(stream_logprobs.GENERATE_TARGET, stream_logprobs.send_every_step_logprobs,
+                          HookType.AROUND)
     from sglang_dflash.adapter import mixed_chunk
 
     HookRegistry.register(mixed_chunk.MIX_TARGET, mixed_chunk.no_mixing_with_stateful_requests,
