@@ -25,7 +25,8 @@ def tiny_paths() -> dict[str, str]:
              "hybrid-target", "hybrid-drafter-trained", "hybrid-moe-target", "hybrid-moe-drafter-trained",
              "hybrid-next-target", "hybrid-next-drafter-trained", "swa-target", "swa-drafter-trained",
              "swa-drafter-laguna", "lfm2-target", "lfm2-drafter-trained", "nemotron-h-target",
-             "nemotron-h-drafter-trained", "mla-target", "mla-drafter-trained", "vl-target", "vl-drafter")
+             "nemotron-h-drafter-trained", "mla-target", "mla-drafter-trained", "vl-target", "vl-drafter",
+             "llama-target", "llama-drafter-trained")
     return {name: os.path.join(ASSETS, name) for name in names}
 
 

@@ -33,6 +33,11 @@ always on and adaptive, with the ordinary radix cache. Its engines also
 record each token's routed experts (--enable-return-routed-experts), which
 requests get back equal to plain's: a verify block records every row, the
 accepted ones stay.
+
+The Llama pair (`tools/tiny_llama.py`; LlamaForCausalLM, the published
+LLaMA-3.1 DFlash target's class, with Llama 3.1's RoPE scaling, which changes
+most of these prompts' greedy outputs) runs always on with the ordinary radix
+cache.
 """
 
 import base64
@@ -67,12 +72,12 @@ NO_RADIX = {"disable_radix_cache": True}
 # prompts in one chunk make that the first batch's every prompt; the later
 # batches hit the chat template's cached prefix and extend through the latent.
 TARGET_ENGINE = {"dense": RADIX, "lfm2": RADIX, "nemotron": RADIX,
-                 "mla": {"chunked_prefill_size": 512, "enable_return_routed_experts": True}}
+                 "mla": {"chunked_prefill_size": 512, "enable_return_routed_experts": True}, "llama": {}}
 # Targets whose requests ask for their routed experts (an MoE target on the
 # overlap scheduler, where the records wait on the step's result).
 EXPERT_TARGETS = ("mla",)
 # Targets served with a radix cache: each also serves its prompts extended.
-RADIX_TARGETS = ("dense", "lfm2", "nemotron", "mla")
+RADIX_TARGETS = ("dense", "lfm2", "nemotron", "mla", "llama")
 POLICIES = {"on": '{"mode": "on"}', "adaptive": '{"mode": "adaptive", "probe_interval": 8}'}
 # name -> (target, drafter, policies, batch sizes)
 TARGETS = {"dense": ("hybrid-target", "hybrid-drafter-trained", list(POLICIES), BATCH_SIZES),
@@ -80,7 +85,8 @@ TARGETS = {"dense": ("hybrid-target", "hybrid-drafter-trained", list(POLICIES), 
            "next": ("hybrid-next-target", "hybrid-next-drafter-trained", ["on"], (4,)),
            "lfm2": ("lfm2-target", "lfm2-drafter-trained", ["on", "adaptive"], (4,)),
            "nemotron": ("nemotron-h-target", "nemotron-h-drafter-trained", ["on", "adaptive"], (4,)),
-           "mla": ("mla-target", "mla-drafter-trained", ["on", "adaptive"], (4,))}
+           "mla": ("mla-target", "mla-drafter-trained", ["on", "adaptive"], (4,)),
+           "llama": ("llama-target", "llama-drafter-trained", ["on"], (4,))}
 # SGLang keeps a Mamba2 mixer's conv window in bfloat16 unless told otherwise
 # (whatever --dtype), which moves greedy choices off transformers' float32 ones.
 TARGET_ENV = {"nemotron": {"SGLANG_MAMBA_CONV_DTYPE": "float32"}}
