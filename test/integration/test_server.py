@@ -193,16 +193,25 @@ def _vocab() -> int:
     ({"text": ["Hi", ""]}, "prompt is empty"),  # one empty prompt in a batch
     ({"return_logprob": True, "top_logprobs_num": _vocab() + 1}, "exceeds the vocabulary size"),
     ({"return_logprob": True, "logprob_start_len": -2}, "must be >= -1"),
-], ids=["empty-text", "empty-in-batch", "top-logprobs-past-vocab", "logprob-start-below-minus-one"])
+    ({"sampling_params": {"max_new_tokens": 8, "min_new_tokens": 3, "stop_token_ids": [99999]}},
+     "stop_token_ids contains token id 99999"),
+], ids=["empty-text", "empty-in-batch", "top-logprobs-past-vocab", "logprob-start-below-minus-one",
+        "stop-id-past-vocab-with-min-new-tokens"])
 def test_requests_that_crashed_the_scheduler_get_400(servers, prompts, plain_outputs, body, reason):
     """Each of these took SGLang 0.5.23's scheduler down, plain and DFLASH alike
-    (an IndexError on no input tokens, a top-k past the row, an assertion);
-    the plugin's request validation answers 400 with the reason on both."""
+    (an IndexError on no input tokens, a top-k past the row, an assertion, a
+    scatter past the row); the plugin's request validation answers 400 with
+    the reason on both. A stop id outside the vocabulary without
+    min_new_tokens never matches and is served as before."""
     body = {"text": prompts[0], "sampling_params": {"max_new_tokens": 8}, **body}
     for srv in servers:
         r = requests.post(srv.url + "/generate", json=body, timeout=120)
         assert r.status_code == 400 and reason in r.text, (r.status_code, r.text)
         assert _generate(srv, prompts[4])["output_ids"] == plain_outputs[4]["output_ids"]
+    if "stop_token_ids" in body["sampling_params"]:
+        served = {**body, "sampling_params": {"max_new_tokens": 8, "stop_token_ids": [99999], "temperature": 0}}
+        assert [requests.post(srv.url + "/generate", json=served, timeout=120).status_code
+                for srv in servers] == [200] * len(servers)
 
 
 def test_grammar_ended_before_min_new_tokens_fails_the_request_not_the_server(servers, prompts, plain_outputs):

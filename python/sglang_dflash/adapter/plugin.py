@@ -74,9 +74,12 @@ def check_request(manager, obj, input_ids, *args, **kwargs):
     instead: token ids outside the vocabulary (an IndexError), an empty prompt
     (`"text": ""` tokenizes to no ids; SGLang refuses only `"input_ids": []`),
     and with `return_logprob` a `top_logprobs_num` above the vocabulary size (a
-    top-k past the row) or a `logprob_start_len` below -1 (an assertion); and a
-    generation request (/generate, the OpenAI completion routes) to a server
-    started with --is-embedding (its decode step has no logits to sample)."""
+    top-k past the row) or a `logprob_start_len` below -1 (an assertion);
+    `stop_token_ids` outside the vocabulary with `min_new_tokens` (the penalty
+    that holds them back scatters into a vocabulary-sized row; without it such
+    ids never match and are served as before); and a generation request
+    (/generate, the OpenAI completion routes) to a server started with
+    --is-embedding (its decode step has no logits to sample)."""
     if not getattr(manager, "is_generation", True) and type(obj).__name__ == "GenerateReqInput":
         raise ValueError("this server serves an embedding model (--is-embedding): it does not "
                          "generate; use /v1/embeddings or /encode")
@@ -95,6 +98,12 @@ def check_request(manager, obj, input_ids, *args, **kwargs):
         start = getattr(obj, "logprob_start_len", None)
         if isinstance(start, int) and start < -1:
             raise ValueError(f"logprob_start_len = {start} must be >= -1 (-1: no prompt logprobs)")
+    params = getattr(obj, "sampling_params", None)
+    if isinstance(params, dict) and (params.get("min_new_tokens") or 0) > 0:
+        bad = next((t for t in params.get("stop_token_ids") or ()
+                    if not (isinstance(t, int) and 0 <= t < vocab)), None)
+        if bad is not None:
+            raise ValueError(f"stop_token_ids contains token id {bad!r} outside the vocabulary [0, {vocab})")
     return None
 
 
