@@ -477,6 +477,22 @@ def start_servers(*configs: list[str] | tuple[list[str], dict], spawn: bool = Fa
     return servers
 
 
+def stream_choices(url: str, body: dict) -> list[dict]:
+    """The choices of every chunk of a streamed OpenAI response (`body` sent
+    with "stream": true to `url`), in order."""
+    choices = []
+    with requests.post(url, json={**body, "stream": True}, stream=True, timeout=300) as r:
+        assert r.status_code == 200, r.text
+        for line in r.iter_lines():
+            if not line.startswith(b"data:"):
+                continue
+            data = line[len(b"data:"):].strip()
+            if data == b"[DONE]":
+                break
+            choices += json.loads(data).get("choices", [])
+    return choices
+
+
 class Streams:
     """One streaming /generate per request body, each in a thread that keeps
     its last chunk; `wait_decoding` returns once every one has streamed a few

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from harness import Streams, hidden_state_rows, max_row_difference, start_servers, stop_servers
+from harness import Streams, hidden_state_rows, max_row_difference, start_servers, stop_servers, stream_choices
 from sglang_dflash.demo import demo_pair
 
 EGGS = ("<|im_start|>user\nJanet has 16 eggs and eats 3. How many are left?<|im_end|>\n"
@@ -202,15 +202,8 @@ def test_openai_chat_logprobs_equal_plain(servers):
 
 def _streamed_chat_logprobs(server, body) -> list[tuple[str, float]]:
     """(token, logprob) of every logprob entry a streamed chat response sent, in order."""
-    out = []
-    with requests.post(server.url + "/v1/chat/completions", json={**body, "stream": True}, stream=True,
-                       timeout=300) as r:
-        assert r.status_code == 200, r.text
-        for line in r.iter_lines():
-            if line.startswith(b"data:") and line != b"data: [DONE]":
-                for choice in json.loads(line[5:]).get("choices", []):
-                    out += [(x["token"], x["logprob"]) for x in (choice.get("logprobs") or {}).get("content") or []]
-    return out
+    return [(x["token"], x["logprob"]) for choice in stream_choices(server.url + "/v1/chat/completions", body)
+            for x in (choice.get("logprobs") or {}).get("content") or []]
 
 
 @pytest.mark.parametrize("stop", [None, ["legs"]], ids=["eos", "stop-string"])

@@ -12,7 +12,7 @@ import time
 import pytest
 import requests
 
-from harness import PATHS, TARGET, chat_prompts, start_servers, stop_servers
+from harness import PATHS, TARGET, chat_prompts, start_servers, stop_servers, stream_choices
 
 PROMPTS = 8
 MAX_NEW = 32
@@ -135,18 +135,7 @@ def test_openai_chat_completions(server):
 
 
 def _stream_text(url, body, piece):
-    out = []
-    with requests.post(url, json={**body, "stream": True}, stream=True, timeout=300) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line or not line.startswith(b"data:"):
-                continue
-            data = line[len(b"data:"):].strip()
-            if data == b"[DONE]":
-                break
-            for choice in json.loads(data).get("choices", []):
-                out.append(piece(choice))
-    return "".join(out)
+    return "".join(piece(choice) for choice in stream_choices(url, body))
 
 
 def test_frontend_program(server, plain_outputs, prompts):
